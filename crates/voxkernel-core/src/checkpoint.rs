@@ -34,18 +34,27 @@ impl SafetensorsFile {
         let file =
             std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
         let file_len = file.metadata()?.len();
-        let corrupt = |why: String| anyhow::anyhow!("{}: corrupt safetensors header: {why}", path.display());
+        let corrupt =
+            |why: String| anyhow::anyhow!("{}: corrupt safetensors header: {why}", path.display());
         let mut len_bytes = [0u8; 8];
         file.read_exact_at(&mut len_bytes, 0)
             .map_err(|e| corrupt(format!("cannot read the header length ({e})")))?;
         let header_len = u64::from_le_bytes(len_bytes);
         if header_len > 100_000_000 || 8 + header_len > file_len {
-            return Err(corrupt(format!("header length {header_len} does not fit a {file_len}-byte file")));
+            return Err(corrupt(format!(
+                "header length {header_len} does not fit a {file_len}-byte file"
+            )));
         }
         let mut header = vec![0u8; 8 + header_len as usize];
         file.read_exact_at(&mut header, 0)?;
-        let (_, metadata) = SafeTensors::read_metadata(&header).map_err(|e| corrupt(format!("{e:?}")))?;
-        let data_len = metadata.tensors().values().map(|t| t.data_offsets.1).max().unwrap_or(0) as u64;
+        let (_, metadata) =
+            SafeTensors::read_metadata(&header).map_err(|e| corrupt(format!("{e:?}")))?;
+        let data_len = metadata
+            .tensors()
+            .values()
+            .map(|t| t.data_offsets.1)
+            .max()
+            .unwrap_or(0) as u64;
         if 8 + header_len + data_len > file_len {
             return Err(corrupt(format!(
                 "tensors need {} bytes of data but the file has {}",
@@ -53,7 +62,12 @@ impl SafetensorsFile {
                 file_len - 8 - header_len
             )));
         }
-        Ok(Self { path: path.to_path_buf(), file, data_start: 8 + header_len, metadata })
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+            data_start: 8 + header_len,
+            metadata,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -66,7 +80,11 @@ impl SafetensorsFile {
             .metadata
             .tensors()
             .into_iter()
-            .map(|(name, t)| TensorInfo { name, dtype: t.dtype, shape: t.shape.clone() })
+            .map(|(name, t)| TensorInfo {
+                name,
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+            })
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
         out
@@ -113,7 +131,10 @@ impl SafetensorsFile {
                 .chunks_exact(2)
                 .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
                 .collect(),
-            other => bail!("{}: tensor {name} has unsupported dtype {other:?}", self.path.display()),
+            other => bail!(
+                "{}: tensor {name} has unsupported dtype {other:?}",
+                self.path.display()
+            ),
         };
         Ok((data, info.shape))
     }
@@ -141,7 +162,9 @@ impl Checkpoint {
             )?,
             generation: GenerationConfig::from_file(&dir.join("generation_config.json"))?,
             model: SafetensorsFile::open(&dir.join("model.safetensors"))?,
-            speech_tokenizer: SafetensorsFile::open(&dir.join("speech_tokenizer/model.safetensors"))?,
+            speech_tokenizer: SafetensorsFile::open(
+                &dir.join("speech_tokenizer/model.safetensors"),
+            )?,
         })
     }
 }

@@ -286,6 +286,33 @@ def load_hub_equivalent(fixture_dir: Path) -> Qwen2TokenizerFast:
     return tokenizer
 
 
+def check_hub_id_path(fixture_dir: Path) -> None:
+    """Run the hub-id branch of _patch_mistral_regex offline and check it keeps the Qwen regex.
+
+    For a hub id, _patch_mistral_regex only asks huggingface_hub.model_info whether the repository's
+    tags match "base_model:.*mistralai". The tags below stand in for the Qwen3-TTS repository's
+    (an assumption; what matters is that none names mistralai).
+    """
+    import huggingface_hub
+
+    class ModelInfo:
+        tags = ["transformers", "safetensors", "qwen3_tts", "text-to-speech", "license:apache-2.0"]
+
+    real_model_info = huggingface_hub.model_info
+    huggingface_hub.model_info = lambda model_id: ModelInfo()
+    try:
+        tokenizer = load_tokenizer(fixture_dir)
+        patched = Qwen2TokenizerFast._patch_mistral_regex(
+            tokenizer,
+            "Qwen/Qwen3-TTS-12Hz-0.6B-Base",
+            _is_local=False,
+            fix_mistral_regex=True,
+        )
+    finally:
+        huggingface_hub.model_info = real_model_info
+    assert split_regex(patched) == QWEN_REGEX, split_regex(patched)
+
+
 def load_local_mistral(fixture_dir: Path, scratch: Path) -> Qwen2TokenizerFast:
     """What qwen-tts gets from a local checkpoint directory saved by transformers 4.57.3."""
     for name in TOKENIZER_FILES:
@@ -337,6 +364,7 @@ def main() -> None:
     texts = [text for _, text in CASES]
     assert len(set(texts)) == len(texts), "duplicate case strings"
 
+    check_hub_id_path(args.fixture_dir)
     qwen = load_hub_equivalent(args.fixture_dir)
     with tempfile.TemporaryDirectory() as scratch:
         mistral = load_local_mistral(args.fixture_dir, Path(scratch))

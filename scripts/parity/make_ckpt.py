@@ -133,7 +133,7 @@ def write_tokenizer_files(out: Path, tokenizer_dir: Path, link: bool):
 
 def build_checkpoint(out, size="tiny", model_type="custom_voice", seed=0, no_eos=False, text_hidden=None,
                      predictor_hidden=None, talker_hidden=None, tokenizer_dir=None, link_tokenizer=False,
-                     reference=REFERENCE, codec_seed=None):
+                     reference=REFERENCE, codec_seed=None, eos_scale=None):
     from official import ensure_qwen_tts_importable
     ensure_qwen_tts_importable()
     from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSConfig
@@ -153,6 +153,10 @@ def build_checkpoint(out, size="tiny", model_type="custom_voice", seed=0, no_eos
     if no_eos:
         with torch.no_grad():
             model.talker.codec_head.weight[tc["codec_eos_token_id"]].zero_()
+    if eos_scale is not None:
+        # random weights almost never pick EOS; a power of two keeps the bf16 rounding of the row unchanged
+        with torch.no_grad():
+            model.talker.codec_head.weight[tc["codec_eos_token_id"]].mul_(eos_scale)
     model = model.to(torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)
     # save_pretrained rewrites config.json with extra keys the loader rejects; write the released form
@@ -190,6 +194,7 @@ def main():
     ap.add_argument("--type", default="custom_voice", choices=["custom_voice", "base", "voice_design"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-eos", action="store_true")
+    ap.add_argument("--eos-scale", type=float, help="multiply the codec_head EOS row (makes EOS likelier)")
     ap.add_argument("--text-hidden", type=int, help="talker text_hidden_size (text table width)")
     ap.add_argument("--predictor-hidden", type=int, help="code predictor hidden_size")
     ap.add_argument("--talker-hidden", type=int, help="talker hidden_size (also the x-vector width)")
@@ -203,12 +208,12 @@ def main():
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         cfg, _ = build_config(args.size, args.type, args.text_hidden, args.predictor_hidden, args.talker_hidden,
-                              args.reference)
+                              args.reference, eos_scale=args.eos_scale)
         json.dump(cfg, open(out / "config.json", "w"), indent=2)
         return
     build_checkpoint(args.out, args.size, args.type, args.seed, args.no_eos, args.text_hidden,
                      args.predictor_hidden, args.talker_hidden, args.tokenizer_dir, args.link_tokenizer,
-                     args.reference)
+                     args.reference, eos_scale=args.eos_scale)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,8 @@ DESIGN = "A calm, deep male voice, speaking slowly and clearly."
 
 CHECKPOINTS = {
     "tiny-custom-voice": dict(model_type="custom_voice", seed=1),
-    "tiny-voice-design": dict(model_type="voice_design", seed=2),
+    # EOS row doubled: both cases then end by EOS (frame 15), the others run to max_new_tokens
+    "tiny-voice-design": dict(model_type="voice_design", seed=2, eos_scale=2.0),
     "tiny-base": dict(model_type="base", seed=3),
     "tiny-custom-voice-same-width": dict(model_type="custom_voice", seed=4, same_width=True),
 }
@@ -80,8 +81,12 @@ def make_checkpoint(out_dir: Path, name: str, spec: dict, geometry: dict, tokeni
     geometry = dict(geometry)
     if spec.get("same_width"):
         geometry["predictor_hidden"] = geometry.get("talker_hidden", 64)
+    shared_codec = out_dir / name / "speech_tokenizer" / "model.safetensors"
+    if shared_codec.is_symlink():  # never write through the link into the shared copy
+        shared_codec.unlink()
     build_checkpoint(out_dir / name, model_type=spec["model_type"], seed=spec["seed"], tokenizer_dir=tokenizer_dir,
-                     link_tokenizer=True, reference=reference, codec_seed=CODEC_SEED, **geometry)
+                     link_tokenizer=True, reference=reference, codec_seed=CODEC_SEED,
+                     eos_scale=spec.get("eos_scale"), **geometry)
 
 
 def share_codec(out_dir: Path, names):

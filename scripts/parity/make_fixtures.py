@@ -37,9 +37,11 @@ HELLO = "Hello world, this is a test."
 NIHAO = "你好，世界。"
 MIXED = "Hello 你好, this is test 42."
 DESIGN = "A calm, deep male voice, speaking slowly and clearly."
+STYLE = "Speak happily, a little faster than usual."
 
 CHECKPOINTS = {
-    "tiny-custom-voice": dict(model_type="custom_voice", seed=1),
+    # labelled 1b7 (it has the 1.7B-like small_to_mtp_projection): the wrapper drops instruct for 0b6 only
+    "tiny-custom-voice": dict(model_type="custom_voice", seed=1, tts_model_size="1b7"),
     # EOS row doubled: both cases then end by EOS (frame 15), the others run to max_new_tokens
     "tiny-voice-design": dict(model_type="voice_design", seed=2, eos_scale=2.0),
     "tiny-base": dict(model_type="base", seed=3),
@@ -54,6 +56,10 @@ CASES = {
         ("vivian_auto_whole", dict(text=MIXED, language="auto", speaker="vivian", text_mode="whole")),
         ("dylan_chinese_whole", dict(text=NIHAO, language="chinese", speaker="dylan", text_mode="whole")),
         ("eric_auto_streaming", dict(text=NIHAO, language="auto", speaker="eric", text_mode="streaming")),
+        ("ryan_english_instruct_whole", dict(text=HELLO, language="english", speaker="ryan", instruct=STYLE,
+                                             text_mode="whole")),
+        ("aiden_auto_instruct_streaming", dict(text=MIXED, language="auto", speaker="aiden", instruct=STYLE,
+                                               text_mode="streaming")),
     ],
     "tiny-voice-design": [
         ("design_english_whole", dict(text=HELLO, language="english", instruct=DESIGN, text_mode="whole")),
@@ -87,6 +93,11 @@ def make_checkpoint(out_dir: Path, name: str, spec: dict, geometry: dict, tokeni
     build_checkpoint(out_dir / name, model_type=spec["model_type"], seed=spec["seed"], tokenizer_dir=tokenizer_dir,
                      link_tokenizer=True, reference=reference, codec_seed=CODEC_SEED,
                      eos_scale=spec.get("eos_scale"), **geometry)
+    if "tts_model_size" in spec:
+        config_path = out_dir / name / "config.json"
+        config = json.loads(config_path.read_text())
+        config["tts_model_size"] = spec["tts_model_size"]
+        config_path.write_text(json.dumps(config, indent=2))
 
 
 def share_codec(out_dir: Path, names):

@@ -208,7 +208,7 @@ def main():
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         cfg, _ = build_config(args.size, args.type, args.text_hidden, args.predictor_hidden, args.talker_hidden,
-                              args.reference, eos_scale=args.eos_scale)
+                              args.reference)
         json.dump(cfg, open(out / "config.json", "w"), indent=2)
         return
     build_checkpoint(args.out, args.size, args.type, args.seed, args.no_eos, args.text_hidden,

@@ -31,13 +31,16 @@ DECODER_LONG_FRAMES = 90  # beyond the codec transformer's 72-frame sliding wind
 # the predictor 8 wide (so small_to_mtp_projection exists, as in the 1.7B) except in the same-width
 # checkpoint (no projection, as in the 0.6B), and the 151936-row text table is 4 wide to keep files small.
 FIXTURE_GEOMETRY = dict(size="tiny", text_hidden=4, talker_hidden=16, predictor_hidden=8)
-FULL_GEOMETRY = {"0.6b": dict(size="0.6b"), "1.7b": dict(size="1.7b")}
+FULL_GEOMETRY = {"0.6b": dict(size="0.6b", talker_hidden=1024), "1.7b": dict(size="1.7b", talker_hidden=2048)}
 
 HELLO = "Hello world, this is a test."
 NIHAO = "你好，世界。"
 MIXED = "Hello 你好, this is test 42."
 DESIGN = "A calm, deep male voice, speaking slowly and clearly."
 STYLE = "Speak happily, a little faster than usual."
+# mixed-case words and 's+letters split differently under the Mistral regex that fix_mistral_regex=True
+# installs for local checkpoint folders (spec 3.1); its text_ids pin the official behaviour
+MIXED_CASE = "My iPhone's OpenAI app says 'sup."
 
 CHECKPOINTS = {
     # labelled 1b7 (it has the 1.7B-like small_to_mtp_projection): the wrapper drops instruct for 0b6 only
@@ -72,6 +75,8 @@ CASES = {
     "tiny-custom-voice-same-width": [
         ("ryan_english_whole", dict(text=HELLO, language="english", speaker="ryan", text_mode="whole")),
         ("serena_auto_streaming", dict(text=MIXED, language="auto", speaker="serena", text_mode="streaming")),
+        ("aiden_english_mixed_case_whole", dict(text=MIXED_CASE, language="english", speaker="aiden",
+                                                text_mode="whole")),
     ],
 }
 MODES = {"custom_voice": "custom_voice", "voice_design": "voice_design", "base": "base_xvector"}
@@ -86,7 +91,7 @@ def set_float32_numerics():
 def make_checkpoint(out_dir: Path, name: str, spec: dict, geometry: dict, tokenizer_dir: Path, reference: Path):
     geometry = dict(geometry)
     if spec.get("same_width"):
-        geometry["predictor_hidden"] = geometry.get("talker_hidden", 64)
+        geometry["predictor_hidden"] = geometry["talker_hidden"]
     shared_codec = out_dir / name / "speech_tokenizer" / "model.safetensors"
     if shared_codec.is_symlink():  # never write through the link into the shared copy
         shared_codec.unlink()

@@ -1,6 +1,10 @@
 //! The prompt plan: a typed description of exactly what the official implementation feeds the
 //! talker for a request (qwen3-tts-spec.md §3.3). A backend turns each row into a vector by
 //! summing a text-track vector and a codec-track vector; nothing here knows about tensors.
+//!
+//! `build_plan` takes a `PromptRequest` (voice, language, text mode) and `TextIds` (text the
+//! caller has already tokenized and sliced like qwen-tts, see `tokenizer.rs`), validates them
+//! against the model's config, and returns the plan. It needs no tokenizer and no weights.
 
 use anyhow::{Result, anyhow, bail};
 use serde::Serialize;
@@ -173,32 +177,10 @@ pub fn build_plan_with_limits(
 ) -> Result<PromptPlan> {
     let speaker = resolve_speaker(config, &request.voice)?;
     let language = resolve_language(config, &request.language, &request.voice)?;
-    let instruct = resolve_instruct(config, &request.voice, ids.instruct.as_deref())?;
-    let target = checked_text(config, "target text", &ids.target, limits)?;
+    let instruct = resolve_instruct(config, &request.voice, ids.instruct.as_deref(), limits)?;
+    let target = checked_text(config, "text.target", &ids.target, limits)?;
     let role = resolve_role(config, ids.target_role)?;
-    let clone = match &request.voice {
-        Voice::Clone {
-            reference_codes, ..
-        } => Some(resolve_reference(
-            config,
-            ids.reference.as_deref(),
-            reference_codes,
-            limits,
-        )?),
-        _ => {
-            if ids.reference.is_some() {
-                bail!(
-                    "text.reference: a reference text is only used by voice \"clone\" (ICL); \
-                     this request's voice is {:?}",
-                    request.voice.kind()
-                );
-            }
-            None
-        }
-    };
-    if let Some(instruct) = instruct {
-        checked_text(config, "instruct", instruct, limits)?;
-    }
+    let clone = resolve_clone(config, &request.voice, ids.reference.as_deref(), limits)?;
 
     let talker = &config.talker;
     let tts_pad = config.tts_pad_token_id;
@@ -457,6 +439,7 @@ fn resolve_instruct<'a>(
     config: &ModelConfig,
     voice: &Voice,
     instruct: Option<&'a [u32]>,
+    limits: PlanLimits,
 ) -> Result<Option<&'a [u32]>> {
     if instruct.is_some_and(<[u32]>::is_empty) {
         bail!("text.instruct: no ids; pass None for no instruct");
@@ -477,7 +460,9 @@ fn resolve_instruct<'a>(
             );
             Ok(None)
         }
-        _ => Ok(instruct),
+        _ => instruct
+            .map(|ids| checked_text(config, "text.instruct", ids, limits))
+            .transpose(),
     }
 }
 
@@ -492,6 +477,27 @@ fn resolve_role(config: &ModelConfig, role: Option<[u32; 3]>) -> Result<[u32; 3]
     }
 }
 
+/// The reference text and frame count of an ICL request; `None` for every other voice,
+/// which must not carry a reference text.
+fn resolve_clone<'a>(
+    config: &ModelConfig,
+    voice: &Voice,
+    reference_text: Option<&'a [u32]>,
+    limits: PlanLimits,
+) -> Result<Option<(&'a [u32], usize)>> {
+    match voice {
+        Voice::Clone {
+            reference_codes, ..
+        } => resolve_reference(config, reference_text, reference_codes, limits).map(Some),
+        _ if reference_text.is_some() => bail!(
+            "text.reference: a reference text is only used by voice \"clone\" (ICL); this \
+             request's voice is {:?}",
+            voice.kind()
+        ),
+        _ => Ok(None),
+    }
+}
+
 /// The reference text and frame count of an ICL request, validated.
 fn resolve_reference<'a>(
     config: &ModelConfig,
@@ -502,7 +508,7 @@ fn resolve_reference<'a>(
     let reference_text = reference_text.ok_or_else(|| {
         anyhow!("text.reference: voice \"clone\" (ICL) needs the reference audio's transcript")
     })?;
-    let reference_text = checked_text(config, "reference text", reference_text, limits)?;
+    let reference_text = checked_text(config, "text.reference", reference_text, limits)?;
     if reference_codes.is_empty() {
         bail!("voice.reference_codes: voice \"clone\" (ICL) needs at least one reference frame");
     }

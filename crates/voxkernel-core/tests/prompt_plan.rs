@@ -555,55 +555,53 @@ fn codec_bos_is_last_in_whole_mode_and_on_the_first_text_token_in_streaming() {
     }
 }
 
+/// The rows from the end of the role prefix through the tts_bos row.
+fn control_rows(plan: &PromptPlan, instruct_len: usize) -> Vec<PrefillRow> {
+    plan.prefill[instruct_len + 3..=tts_bos_index(plan)].to_vec()
+}
+
+fn think_block(language: u32, speaker: u32) -> Vec<PrefillRow> {
+    vec![
+        row(TTS_PAD, THINK),
+        row(TTS_PAD, THINK_BOS),
+        row(TTS_PAD, language),
+        row(TTS_PAD, THINK_EOS),
+        row(TTS_PAD, speaker),
+        row(TTS_BOS, CODEC_PAD),
+    ]
+}
+
 #[test]
 fn language_blocks_and_dialect_overrides() {
-    let control = |name: &str| -> Vec<CodecSource> {
-        let plan = plan_of(&find_case(name));
-        let bos = tts_bos_index(&plan);
-        plan.prefill[bos - 4.min(bos)..bos]
-            .iter()
-            .filter(|r| r.text_id == TTS_PAD)
-            .map(|r| r.codec)
-            .collect()
-    };
-    let ids = |v: &[u32]| v.iter().map(|&i| CodecSource::Id(i)).collect::<Vec<_>>();
-    // dylan + chinese -> Beijing dialect id instead of chinese.
-    let dylan = control("custom_voice_dylan_chinese_dialect_whole");
-    assert!(dylan.ends_with(&ids(&[THINK, THINK_BOS, BEIJING_DIALECT, THINK_EOS, 2878])[1..]));
-    // eric + auto -> think path with the Sichuan dialect id.
-    let eric = control("custom_voice_eric_auto_dialect_streaming");
-    assert!(eric.ends_with(&ids(&[THINK_BOS, SICHUAN_DIALECT, THINK_EOS, 2875])));
+    // dylan + chinese -> the Beijing dialect id replaces chinese.
+    let dylan = plan_of(&find_case("custom_voice_dylan_chinese_dialect_whole"));
+    assert_eq!(control_rows(&dylan, 0), think_block(BEIJING_DIALECT, 2878));
+    // eric + auto -> the think path (not nothink) with the Sichuan dialect id.
+    let eric = plan_of(&find_case("custom_voice_eric_auto_dialect_streaming"));
+    assert_eq!(control_rows(&eric, 0), think_block(SICHUAN_DIALECT, 2875));
 
-    // A dialect speaker in another language keeps that language.
     let config = Variant::CustomVoice1b7.config();
-    let english = build_plan(
-        &config,
-        &request(speaker("dylan"), "english", TextMode::Whole),
-        &ids_of(NIHAO),
-    )
-    .unwrap();
+    let plan_for = |name: &str, language: &str| {
+        build_plan(
+            &config,
+            &request(speaker(name), language, TextMode::Whole),
+            &ids(NIHAO),
+        )
+        .unwrap()
+    };
+    // A dialect speaker in another language keeps that language.
     assert_eq!(
-        english.prefill[3..8],
-        [
-            row(TTS_PAD, THINK),
-            row(TTS_PAD, THINK_BOS),
-            row(TTS_PAD, ENGLISH),
-            row(TTS_PAD, THINK_EOS),
-            row(TTS_PAD, 2878)
-        ]
+        control_rows(&plan_for("Dylan", "English"), 0),
+        think_block(ENGLISH, 2878)
     );
-    // A plain speaker with chinese keeps chinese; with auto gets the nothink block.
-    let chinese = build_plan(
-        &config,
-        &request(speaker("vivian"), "Chinese", TextMode::Whole),
-        &ids_of(NIHAO),
-    )
-    .unwrap();
-    assert_eq!(chinese.prefill[5], row(TTS_PAD, CHINESE));
-    let auto = plan_of(&find_case("custom_voice_vivian_auto_instruct_whole"));
-    let head = INSTRUCT_STYLE.len() + 3;
+    // A plain speaker keeps chinese; "auto" gives the nothink block without a language row.
     assert_eq!(
-        auto.prefill[head..head + 5],
+        control_rows(&plan_for("vivian", "Chinese"), 0),
+        think_block(CHINESE, 3065)
+    );
+    let auto = plan_of(&find_case("custom_voice_vivian_auto_instruct_whole"));
+    assert_eq!(
+        control_rows(&auto, INSTRUCT_STYLE.len()),
         [
             row(TTS_PAD, NOTHINK),
             row(TTS_PAD, THINK_BOS),
@@ -612,10 +610,6 @@ fn language_blocks_and_dialect_overrides() {
             row(TTS_BOS, CODEC_PAD)
         ]
     );
-}
-
-fn ids_of(target: &[u32]) -> TextIds {
-    ids(target)
 }
 
 #[test]
@@ -684,15 +678,34 @@ fn text_block(target: &[u32]) -> Vec<u32> {
         .collect()
 }
 
-fn icl_head_len() -> usize {
-    // role 3 + think, think_bos, english, think_eos, x-vector + tts_bos row.
-    3 + 5 + 1
+#[test]
+fn icl_head_is_role_then_control_rows_with_the_x_vector() {
+    let speaker_row = PrefillRow {
+        text_id: TTS_PAD,
+        codec: CodecSource::SpeakerVector,
+    };
+    let plan = plan_of(&find_case("base_clone_text_longer_streaming"));
+    let mut expected = role_rows();
+    expected.extend(think_block(ENGLISH, 0));
+    expected[7] = speaker_row;
+    assert_eq!(plan.prefill[..=tts_bos_index(&plan)], expected);
+    let auto = plan_of(&find_case("base_clone_text_equal_streaming"));
+    assert_eq!(
+        control_rows(&auto, 0),
+        [
+            row(TTS_PAD, NOTHINK),
+            row(TTS_PAD, THINK_BOS),
+            row(TTS_PAD, THINK_EOS),
+            speaker_row,
+            row(TTS_BOS, CODEC_PAD)
+        ]
+    );
 }
 
 #[test]
 fn icl_streaming_text_longer_than_codec_block_trails() {
     let plan = plan_of(&find_case("base_clone_text_longer_streaming"));
-    let head = icl_head_len();
+    let head = tts_bos_index(&plan) + 1;
     let text = text_block(MORNING);
     assert_eq!(text.len(), 14);
     assert_eq!(
@@ -726,11 +739,7 @@ fn icl_streaming_text_shorter_than_codec_block_pads_with_tts_pad() {
     ] {
         let plan = plan_of(&find_case(name));
         let text = text_block(HELLO);
-        let head = if name.contains("equal") {
-            icl_head_len() - 1
-        } else {
-            icl_head_len()
-        };
+        let head = tts_bos_index(&plan) + 1;
         let body = &plan.prefill[head..];
         assert_eq!(body.len(), frames + 1, "{name}");
         assert_eq!(codec_bos_index(&plan), head, "{name}");
@@ -750,7 +759,7 @@ fn icl_streaming_text_shorter_than_codec_block_pads_with_tts_pad() {
 #[test]
 fn icl_whole_puts_text_on_codec_pad_then_frames_on_tts_pad() {
     let plan = plan_of(&find_case("base_clone_whole"));
-    let head = icl_head_len();
+    let head = tts_bos_index(&plan) + 1;
     let text = text_block(MORNING);
     let body = &plan.prefill[head..];
     assert_eq!(body.len(), text.len() + 1 + 4);
@@ -949,7 +958,7 @@ fn target_text_must_be_non_empty_and_within_the_limit() {
         request(speaker("ryan"), "english", TextMode::Whole),
         ids(&[]),
     );
-    assert_mentions(&msg, &["target text", "empty"]);
+    assert_mentions(&msg, &["text.target", "empty"]);
     let config = Variant::CustomVoice1b7.config();
     let req = request(speaker("ryan"), "english", TextMode::Streaming);
     let limits = PlanLimits { max_text_tokens: 8 };
@@ -958,11 +967,11 @@ fn target_text_must_be_non_empty_and_within_the_limit() {
     let err = build_plan_with_limits(&config, &req, &ids(&nine), limits).unwrap_err();
     assert_mentions(
         &format!("{err:#}"),
-        &["target text", "9 tokens", "limit of 8"],
+        &["text.target", "9 tokens", "limit of 8"],
     );
     assert_eq!(PlanLimits::default().max_text_tokens, 4096);
     let msg = error_of(Variant::CustomVoice1b7, req, ids(&[151936]));
-    assert_mentions(&msg, &["target text", "151936", "0..151936"]);
+    assert_mentions(&msg, &["text.target", "151936", "0..151936"]);
 }
 
 #[test]
@@ -988,7 +997,7 @@ fn icl_needs_reference_text_and_codes() {
         request(clone_voice(4), "english", TextMode::Streaming),
         empty_reference,
     );
-    assert_mentions(&msg, &["reference text", "empty"]);
+    assert_mentions(&msg, &["text.reference", "empty"]);
     let mut frames = reference_frames(3);
     frames[2][5] = 2048;
     let voice = Voice::Clone {

@@ -45,6 +45,7 @@ impl Model {
             .transpose()?;
         let ids = TextIds {
             target: self.tokenizer.target_text_ids(&request.text)?,
+            target_role: Some(self.tokenizer.target_role_ids(&request.text)?),
             instruct,
             reference: None,
         };

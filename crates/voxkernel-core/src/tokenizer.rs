@@ -106,10 +106,24 @@ impl TextTokenizer {
     /// whole string (not `text` alone) keeps the merges across the boundaries that the
     /// official code gets, e.g. a leading `\n` joins the role's `\n`.
     pub fn target_text_ids(&self, text: &str) -> Result<Vec<u32>> {
-        let ids = self.encode(&format!(
-            "<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n"
-        ))?;
+        let ids = self.target_chat_ids(text)?;
         Ok(python_slice(&ids, ASSISTANT_PREFIX_LEN, TARGET_SUFFIX_LEN))
+    }
+
+    /// `[0:3]` of the same string: the role prefix the official prefill carries. It is
+    /// `<|im_start|> assistant \n` unless the text starts with a line break that merges
+    /// into the role's `\n`.
+    pub fn target_role_ids(&self, text: &str) -> Result<[u32; 3]> {
+        let ids = self.target_chat_ids(text)?;
+        ids.get(..ASSISTANT_PREFIX_LEN)
+            .and_then(|role| role.try_into().ok())
+            .ok_or_else(|| anyhow!("tokenizing {text:?}: the chat string has under 3 ids"))
+    }
+
+    fn target_chat_ids(&self, text: &str) -> Result<Vec<u32>> {
+        self.encode(&format!(
+            "<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n"
+        ))
     }
 
     /// Text ids of the ICL reference transcript: `[3:-2]` of its assistant chat string.

@@ -308,6 +308,44 @@ fn teacher_forced_codebook0_logits_match_official() {
     }
 }
 
+/// The sub-talker has no logit processors, so in the official greedy run codebook `j` of every
+/// frame is the argmax of the predictor's raw logits for group `j`.
+#[test]
+fn teacher_forced_predictor_logits_argmax_to_official_greedy_codes() {
+    for case in all_cases() {
+        let checkpoint = open(&case);
+        let model = ReferenceModel::new(&checkpoint).unwrap();
+        let plan = case.plan(model.config());
+        let codes = case.codes();
+        for frame in [0, codes.len() - 1] {
+            let logits = model
+                .teacher_forced_predictor_logits(&plan, &codes, frame)
+                .unwrap();
+            assert_eq!(logits.len(), 15);
+            for (j, row) in logits.iter().enumerate() {
+                assert_eq!(row.len(), 2048);
+                assert_eq!(
+                    argmax(row),
+                    codes[frame][j + 1],
+                    "{}: frame {frame} group {}",
+                    case.name,
+                    j + 1
+                );
+            }
+        }
+    }
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in row.iter().enumerate() {
+        if x > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
 #[test]
 fn greedy_codes_match_official_in_every_case() {
     let mut text_modes = std::collections::BTreeSet::new();

@@ -6,7 +6,7 @@ use candle_core::Tensor;
 
 use super::code_predictor::CodePredictor;
 use super::embeddings::Embeddings;
-use super::talker::Talker;
+use super::talker::{Talker, TalkerOutput};
 use super::weights::Weights;
 use crate::backend::{Frame, NUM_CODE_GROUPS};
 use crate::checkpoint::Checkpoint;
@@ -74,19 +74,56 @@ impl ReferenceModel {
                 codes.len()
             );
         }
+        let outputs = self.teacher_forced_talker(plan, &codes[..steps - 1])?;
+        Ok(outputs.into_iter().map(|o| o.logits).collect())
+    }
+
+    /// Raw logits of codebooks 1..15 of frame `frame` (`[15][predictor vocab]`), with the
+    /// talker fed `codes[..frame]` and the code predictor fed `codes[frame]` (teacher forcing).
+    pub fn teacher_forced_predictor_logits(
+        &self,
+        plan: &PromptPlan,
+        codes: &[Frame],
+        frame: usize,
+    ) -> Result<Vec<Vec<f32>>> {
+        let Some(forced) = codes.get(frame) else {
+            bail!(
+                "teacher_forced_predictor_logits: frame {frame} is outside the {} frames of codes",
+                codes.len()
+            );
+        };
+        let outputs = self.teacher_forced_talker(plan, &codes[..frame])?;
+        let past_hidden = &outputs[frame].hidden;
+        let mut rows = Vec::with_capacity(NUM_CODE_GROUPS - 1);
+        self.code_predictor.predict(
+            past_hidden,
+            forced[0],
+            &self.embeddings.codec,
+            |group, logits| {
+                rows.push(logits.to_vec());
+                forced[group]
+            },
+        )?;
+        Ok(rows)
+    }
+
+    /// The talker outputs of the prefill and of one decode step per frame in `codes`.
+    fn teacher_forced_talker(
+        &self,
+        plan: &PromptPlan,
+        codes: &[Frame],
+    ) -> Result<Vec<TalkerOutput>> {
         let trailing = self.embeddings.trailing(plan)?;
         let mut cache = self.talker.new_cache();
-        let mut out = self
-            .talker
-            .forward(&self.embeddings.prefill(plan)?, &mut cache)?;
-        let mut rows = vec![out.logits];
-        for (g, frame) in codes.iter().take(steps - 1).enumerate() {
-            out = self
-                .talker
-                .forward(&self.decode_input(frame, &trailing, g)?, &mut cache)?;
-            rows.push(out.logits);
+        let mut outputs = vec![
+            self.talker
+                .forward(&self.embeddings.prefill(plan)?, &mut cache)?,
+        ];
+        for (g, frame) in codes.iter().enumerate() {
+            let input = self.decode_input(frame, &trailing, g)?;
+            outputs.push(self.talker.forward(&input, &mut cache)?);
         }
-        Ok(rows)
+        Ok(outputs)
     }
 
     /// Talker input of decode step `g`: `FRAME(frame) + trailing[min(g, last)]`, `[1, hidden]`.

@@ -146,9 +146,9 @@ impl KvCache {
 
     /// Number of positions already cached (the next row's RoPE position).
     pub(crate) fn len(&self) -> Result<usize> {
-        match &self.layers[0] {
-            Some((k, _)) => Ok(k.dim(1)?),
-            None => Ok(0),
+        match self.layers.first() {
+            Some(Some((k, _))) => Ok(k.dim(1)?),
+            _ => Ok(0),
         }
     }
 

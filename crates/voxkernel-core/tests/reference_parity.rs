@@ -349,6 +349,7 @@ fn argmax(row: &[f32]) -> u32 {
 #[test]
 fn greedy_codes_match_official_in_every_case() {
     let mut text_modes = std::collections::BTreeSet::new();
+    let mut finish_reasons = std::collections::BTreeSet::new();
     for case in all_cases() {
         let checkpoint = open(&case);
         let mut backend = ReferenceBackend::new(&checkpoint).unwrap();
@@ -371,8 +372,14 @@ fn greedy_codes_match_official_in_every_case() {
         };
         assert_eq!(reason, expected, "{}: finish reason", case.name);
         text_modes.insert(case.meta.text_mode.clone());
+        finish_reasons.insert(case.meta.finished_by.clone());
     }
     assert_eq!(text_modes.len(), 2, "both text modes must be covered");
+    assert_eq!(
+        finish_reasons.len(),
+        2,
+        "both EOS and max_new_tokens must be covered"
+    );
 }
 
 fn first_case() -> Case {

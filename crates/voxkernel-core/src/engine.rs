@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 
 use crate::backend::{FinishReason, Frame, FrameBackend, FrameEvent, SequenceSpec};
 use crate::checkpoint::Checkpoint;
@@ -70,69 +70,36 @@ pub struct SamplerOverrides {
     pub repetition_penalty: Option<f32>,
 }
 
-/// Merge overrides onto the generation config (user value, then the file) and validate.
-/// `prefix` names the flag family in errors ("" or "subtalker-").
-pub fn sampler_params(
-    defaults: SamplerParams,
-    overrides: &SamplerOverrides,
-    prefix: &str,
-) -> Result<SamplerParams> {
-    let params = SamplerParams {
-        do_sample: defaults.do_sample && !overrides.greedy,
-        temperature: overrides.temperature.unwrap_or(defaults.temperature),
-        top_k: overrides.top_k.unwrap_or(defaults.top_k),
-        top_p: overrides.top_p.unwrap_or(defaults.top_p),
-        repetition_penalty: overrides
+impl SamplerOverrides {
+    fn apply(&self, params: &mut SamplerParams) {
+        params.do_sample &= !self.greedy;
+        params.temperature = self.temperature.unwrap_or(params.temperature);
+        params.top_k = self.top_k.unwrap_or(params.top_k);
+        params.top_p = self.top_p.unwrap_or(params.top_p);
+        params.repetition_penalty = self
             .repetition_penalty
-            .unwrap_or(defaults.repetition_penalty),
-    };
-    if params.do_sample && !(params.temperature > 0.0 && params.temperature.is_finite()) {
-        bail!(
-            "--{prefix}temperature must be > 0 when sampling (got {}); use --greedy for argmax",
-            params.temperature
-        );
+            .unwrap_or(params.repetition_penalty);
     }
-    if params.top_k < 1 {
-        bail!("--{prefix}top-k must be at least 1 (got {})", params.top_k);
-    }
-    if !(params.top_p > 0.0 && params.top_p <= 1.0) {
-        bail!("--{prefix}top-p must be in (0, 1] (got {})", params.top_p);
-    }
-    if !(params.repetition_penalty > 0.0 && params.repetition_penalty.is_finite()) {
-        bail!(
-            "--{prefix}repetition-penalty must be > 0 (got {})",
-            params.repetition_penalty
-        );
-    }
-    Ok(params)
 }
 
-/// The sampling configuration from `generation_config.json` plus user overrides.
+/// The checkpoint's `generation_config.json` with user overrides on top (the wrapper's
+/// priority: user value, then the file), validated. Errors name the CLI flag.
 pub fn sampling_config(
     generation: &GenerationConfig,
     talker: &SamplerOverrides,
     subtalker: &SamplerOverrides,
     seed: u64,
 ) -> Result<SamplingConfig> {
-    let talker_defaults = SamplerParams {
-        do_sample: generation.do_sample,
-        temperature: generation.temperature,
-        top_k: generation.top_k,
-        top_p: generation.top_p,
-        repetition_penalty: generation.repetition_penalty,
-    };
-    let subtalker_defaults = SamplerParams {
-        do_sample: generation.subtalker_dosample,
-        temperature: generation.subtalker_temperature,
-        top_k: generation.subtalker_top_k,
-        top_p: generation.subtalker_top_p,
-        repetition_penalty: 1.0,
-    };
-    Ok(SamplingConfig {
-        talker: sampler_params(talker_defaults, talker, "")?,
-        subtalker: sampler_params(subtalker_defaults, subtalker, "subtalker-")?,
-        seed,
-    })
+    let mut config = SamplingConfig::from_generation(generation, seed);
+    talker.apply(&mut config.talker);
+    subtalker.apply(&mut config.subtalker);
+    config
+        .talker
+        .validate(|f| format!("--{}", f.replace('_', "-")))?;
+    config
+        .subtalker
+        .validate(|f| format!("--subtalker-{}", f.replace('_', "-")))?;
+    Ok(config)
 }
 
 /// Run one sequence to its end on a backend, returning every frame and why it stopped.

@@ -41,7 +41,6 @@ pub struct SamplerParams {
     /// `false` means greedy (argmax after the logit processors).
     pub do_sample: bool,
     pub temperature: f32,
-    /// 0 disables top-k (as in transformers).
     pub top_k: usize,
     pub top_p: f32,
     /// Only the talker uses it; the sub-talker's is always 1.0.
@@ -49,20 +48,26 @@ pub struct SamplerParams {
 }
 
 impl SamplerParams {
-    /// Rejects values transformers would reject (or silently misuse).
-    pub fn validate(&self, which: &str) -> Result<()> {
+    /// Rejects values transformers would reject or silently misuse. `field` renders a
+    /// parameter's user-facing name (a CLI flag or a JSON field) for the error.
+    pub fn validate(&self, field: impl Fn(&str) -> String) -> Result<()> {
         if self.do_sample && !(self.temperature > 0.0 && self.temperature.is_finite()) {
             bail!(
-                "{which}.temperature must be a finite number > 0 when sampling, got {}",
+                "{} must be a finite number > 0 when sampling (greedy decoding ignores it), got {}",
+                field("temperature"),
                 self.temperature
             );
         }
+        if self.top_k < 1 {
+            bail!("{} must be at least 1, got {}", field("top_k"), self.top_k);
+        }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            bail!("{which}.top_p must be in (0, 1], got {}", self.top_p);
+            bail!("{} must be in (0, 1], got {}", field("top_p"), self.top_p);
         }
         if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
             bail!(
-                "{which}.repetition_penalty must be a finite number > 0, got {}",
+                "{} must be a finite number > 0, got {}",
+                field("repetition_penalty"),
                 self.repetition_penalty
             );
         }
@@ -101,9 +106,10 @@ impl SamplingConfig {
         }
     }
 
+    /// Validates both samplers, naming fields as `talker.top_k` / `subtalker.top_k`.
     pub fn validate(&self) -> Result<()> {
-        self.talker.validate("talker")?;
-        self.subtalker.validate("subtalker")
+        self.talker.validate(|f| format!("talker.{f}"))?;
+        self.subtalker.validate(|f| format!("subtalker.{f}"))
     }
 }
 
@@ -454,12 +460,17 @@ mod tests {
 
     #[test]
     fn validate_rejects_bad_values_naming_the_field() {
-        let err = params(true, 0.0, 50, 1.0).validate("talker").unwrap_err();
+        let talker = |f: &str| format!("talker.{f}");
+        let err = params(true, 0.0, 50, 1.0).validate(talker).unwrap_err();
         assert!(err.to_string().contains("talker.temperature"), "{err}");
         let err = params(false, 1.0, 50, 0.0)
-            .validate("subtalker")
+            .validate(|f| format!("subtalker.{f}"))
             .unwrap_err();
         assert!(err.to_string().contains("subtalker.top_p"), "{err}");
-        assert!(params(false, 0.0, 0, 1.0).validate("talker").is_ok());
+        let err = params(true, 1.0, 0, 1.0)
+            .validate(|f| format!("--{}", f.replace('_', "-")))
+            .unwrap_err();
+        assert!(err.to_string().contains("--top-k"), "{err}");
+        assert!(params(false, 0.0, 1, 1.0).validate(talker).is_ok());
     }
 }

@@ -5,6 +5,7 @@
 pub mod backend;
 pub mod checkpoint;
 pub mod config;
+pub mod hub;
 pub mod prompt;
 pub mod reference;
 pub mod sampling;

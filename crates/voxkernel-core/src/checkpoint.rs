@@ -9,8 +9,8 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use std::os::unix::fs::FileExt;
 
-use safetensors::tensor::Metadata;
 use safetensors::Dtype;
+use safetensors::tensor::Metadata;
 
 use crate::config::{
     CodePredictorConfig, CodecDecoderConfig, GenerationConfig, ModelConfig, ModelType,
@@ -316,7 +316,10 @@ impl BlockShape {
             self.attention(list, &format!("{layer}.self_attn"), false);
             list.vector(format!("{layer}.self_attn.q_norm.weight"), self.head_dim);
             list.vector(format!("{layer}.self_attn.k_norm.weight"), self.head_dim);
-            list.vector(format!("{layer}.post_attention_layernorm.weight"), self.hidden);
+            list.vector(
+                format!("{layer}.post_attention_layernorm.weight"),
+                self.hidden,
+            );
             self.swiglu(list, &format!("{layer}.mlp"));
         }
     }
@@ -403,7 +406,11 @@ fn push_speaker_encoder(list: &mut TensorList, enc_dim: usize) {
     );
     for i in 1..c.len() - 1 {
         let block = format!("{p}.blocks.{i}");
-        list.conv(&format!("{block}.tdnn1.conv"), [c[i], c[i - 1], 1], Some(c[i]));
+        list.conv(
+            &format!("{block}.tdnn1.conv"),
+            [c[i], c[i - 1], 1],
+            Some(c[i]),
+        );
         let split = c[i] / SPEAKER_RES2NET_SCALE;
         for j in 0..SPEAKER_RES2NET_SCALE - 1 {
             list.conv(
@@ -415,7 +422,11 @@ fn push_speaker_encoder(list: &mut TensorList, enc_dim: usize) {
         list.conv(&format!("{block}.tdnn2.conv"), [c[i], c[i], 1], Some(c[i]));
         let se = SPEAKER_SE_CHANNELS;
         list.conv(&format!("{block}.se_block.conv1"), [se, c[i], 1], Some(se));
-        list.conv(&format!("{block}.se_block.conv2"), [c[i], se, 1], Some(c[i]));
+        list.conv(
+            &format!("{block}.se_block.conv2"),
+            [c[i], se, 1],
+            Some(c[i]),
+        );
     }
     let last = c[c.len() - 1];
     let att = SPEAKER_ATTENTION_CHANNELS;
@@ -466,7 +477,12 @@ fn push_codec_decoder(list: &mut TensorList, d: &CodecDecoderConfig) {
     );
 
     let t = "decoder.pre_transformer";
-    list.linear(&format!("{t}.input_proj"), d.latent_dim, d.hidden_size, true);
+    list.linear(
+        &format!("{t}.input_proj"),
+        d.latent_dim,
+        d.hidden_size,
+        true,
+    );
     let block = BlockShape {
         hidden: d.hidden_size,
         heads: d.num_attention_heads,
@@ -478,7 +494,10 @@ fn push_codec_decoder(list: &mut TensorList, d: &CodecDecoderConfig) {
         let layer = format!("{t}.layers.{n}");
         list.vector(format!("{layer}.input_layernorm.weight"), d.hidden_size);
         block.attention(list, &format!("{layer}.self_attn"), false);
-        list.vector(format!("{layer}.self_attn_layer_scale.scale"), d.hidden_size);
+        list.vector(
+            format!("{layer}.self_attn_layer_scale.scale"),
+            d.hidden_size,
+        );
         list.vector(
             format!("{layer}.post_attention_layernorm.weight"),
             d.hidden_size,
@@ -487,14 +506,27 @@ fn push_codec_decoder(list: &mut TensorList, d: &CodecDecoderConfig) {
         list.vector(format!("{layer}.mlp_layer_scale.scale"), d.hidden_size);
     }
     list.vector(format!("{t}.norm.weight"), d.hidden_size);
-    list.linear(&format!("{t}.output_proj"), d.hidden_size, d.latent_dim, true);
+    list.linear(
+        &format!("{t}.output_proj"),
+        d.hidden_size,
+        d.latent_dim,
+        true,
+    );
 
     let latent = d.latent_dim;
     for (i, &factor) in d.upsampling_ratios.iter().enumerate() {
         let up = format!("decoder.upsample.{i}");
-        list.conv(&format!("{up}.0.conv"), [latent, latent, factor], Some(latent));
+        list.conv(
+            &format!("{up}.0.conv"),
+            [latent, latent, factor],
+            Some(latent),
+        );
         let convnext = format!("{up}.1");
-        list.conv(&format!("{convnext}.dwconv.conv"), [latent, 1, 7], Some(latent));
+        list.conv(
+            &format!("{convnext}.dwconv.conv"),
+            [latent, 1, 7],
+            Some(latent),
+        );
         list.vector(format!("{convnext}.norm.weight"), latent);
         list.vector(format!("{convnext}.norm.bias"), latent);
         list.linear(&format!("{convnext}.pwconv1"), latent, 4 * latent, true);
@@ -524,9 +556,17 @@ fn push_codec_decoder(list: &mut TensorList, d: &CodecDecoderConfig) {
         for unit in 2..5 {
             let unit = format!("{block}.{unit}");
             snake(list, &format!("{unit}.act1"), output);
-            list.conv(&format!("{unit}.conv1.conv"), [output, output, 7], Some(output));
+            list.conv(
+                &format!("{unit}.conv1.conv"),
+                [output, output, 7],
+                Some(output),
+            );
             snake(list, &format!("{unit}.act2"), output);
-            list.conv(&format!("{unit}.conv2.conv"), [output, output, 1], Some(output));
+            list.conv(
+                &format!("{unit}.conv2.conv"),
+                [output, output, 1],
+                Some(output),
+            );
         }
     }
     let blocks = d.upsample_rates.len();
@@ -635,7 +675,10 @@ fn push_codec_encoder(list: &mut TensorList, e: &MimiEncoderConfig) {
             list.vector(format!("{layer}.{norm}.bias"), e.hidden_size);
         }
         block.attention(list, &format!("{layer}.self_attn"), e.attention_bias);
-        list.vector(format!("{layer}.self_attn_layer_scale.scale"), e.hidden_size);
+        list.vector(
+            format!("{layer}.self_attn_layer_scale.scale"),
+            e.hidden_size,
+        );
         list.linear(
             &format!("{layer}.mlp.fc1"),
             e.hidden_size,
@@ -768,9 +811,9 @@ impl Checkpoint {
                 &dir.join(WeightFile::SpeechTokenizer.relative_path()),
             )?,
         };
-        let expected =
-            expected_tensors(&checkpoint.config, &checkpoint.speech_tokenizer_config)?;
-        let problems = tensor_mismatches(&expected, &checkpoint.model, &checkpoint.speech_tokenizer);
+        let expected = expected_tensors(&checkpoint.config, &checkpoint.speech_tokenizer_config)?;
+        let problems =
+            tensor_mismatches(&expected, &checkpoint.model, &checkpoint.speech_tokenizer);
         if !problems.is_empty() {
             bail!(
                 "{}: {} tensor(s) do not match config.json and speech_tokenizer/config.json:\n  {}",
@@ -853,8 +896,8 @@ impl ModelSummary {
         let decoder = &codec.decoder_config;
         let model = &checkpoint.model;
         let speech = &checkpoint.speech_tokenizer;
-        let talker_parameters = parameters_under(model, "talker.")
-            - parameters_under(model, "talker.code_predictor.");
+        let talker_parameters =
+            parameters_under(model, "talker.") - parameters_under(model, "talker.code_predictor.");
         let speaker_encoder_parameters = match parameters_under(model, "speaker_encoder.") {
             0 => None,
             n => Some(n),
@@ -906,10 +949,13 @@ impl ModelSummary {
                 })
                 .collect(),
             languages: config.languages(),
-            files: [(WeightFile::Model, model), (WeightFile::SpeechTokenizer, speech)]
-                .into_iter()
-                .map(|(file, st)| (file.relative_path().to_string(), FileSummary::new(st)))
-                .collect(),
+            files: [
+                (WeightFile::Model, model),
+                (WeightFile::SpeechTokenizer, speech),
+            ]
+            .into_iter()
+            .map(|(file, st)| (file.relative_path().to_string(), FileSummary::new(st)))
+            .collect(),
         }
     }
 }

@@ -97,7 +97,17 @@ mod tests {
     fn repo_ids_are_owner_slash_name() {
         assert!(is_repo_id("Qwen/Qwen3-TTS-12Hz-0.6B-Base"));
         assert!(is_repo_id("a_b/c.d-e"));
-        for bad in ["Qwen", "a/b/c", "./a/b", "/abs/path", "a/", "/a", "../x", "a b/c", ""] {
+        for bad in [
+            "Qwen",
+            "a/b/c",
+            "./a/b",
+            "/abs/path",
+            "a/",
+            "/a",
+            "../x",
+            "a b/c",
+            "",
+        ] {
             assert!(!is_repo_id(bad), "{bad:?} accepted");
         }
     }
@@ -105,7 +115,10 @@ mod tests {
     #[test]
     fn snapshot_dir_strips_nested_file_names() {
         let root = Path::new("/c/snapshots/abc");
-        assert_eq!(snapshot_dir(&root.join("config.json"), "config.json").unwrap(), root);
+        assert_eq!(
+            snapshot_dir(&root.join("config.json"), "config.json").unwrap(),
+            root
+        );
         let nested = root.join("speech_tokenizer/model.safetensors");
         assert_eq!(
             snapshot_dir(&nested, "speech_tokenizer/model.safetensors").unwrap(),

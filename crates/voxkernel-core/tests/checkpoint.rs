@@ -103,7 +103,10 @@ fn projection_and_speaker_encoder_follow_the_config() {
     };
     let (config, speech, _) = released_0_6b_base();
     let small = derived_inventory(&config, &speech);
-    assert!(!has(&small, "talker.code_predictor.small_to_mtp_projection"));
+    assert!(!has(
+        &small,
+        "talker.code_predictor.small_to_mtp_projection"
+    ));
     assert!(has(&small, "speaker_encoder."));
 
     let (config, speech, _) = fixture("1.7b-voice_design");
@@ -136,7 +139,10 @@ fn synthetic_0_6b_base_validates_and_summarises() {
     let model_len = std::fs::metadata(dir.path().join("model.safetensors"))
         .unwrap()
         .len();
-    assert!(model_len > 1_800_000_000, "sparse model file is {model_len} bytes");
+    assert!(
+        model_len > 1_800_000_000,
+        "sparse model file is {model_len} bytes"
+    );
 
     let checkpoint = Checkpoint::open(dir.path()).unwrap();
     let summary = ModelSummary::new(&checkpoint);
@@ -150,14 +156,23 @@ fn synthetic_0_6b_base_validates_and_summarises() {
     assert_eq!(summary.languages.len(), 11);
     assert_eq!(summary.languages[0], "auto");
     assert_eq!(summary.files["model.safetensors"].tensors, 478);
-    assert_eq!(summary.files["speech_tokenizer/model.safetensors"].tensors, 496);
+    assert_eq!(
+        summary.files["speech_tokenizer/model.safetensors"].tensors,
+        496
+    );
     assert_eq!(summary.files["model.safetensors"].dtypes["BF16"], 478);
     // Sizes published for the release (spec §2.3): 914.6 M model parameters (1.83 GB BF16),
     // 170.55 M speech tokenizer parameters (682 MB F32).
     let model_params = summary.files["model.safetensors"].parameters;
-    assert!((914_500_000..914_700_000).contains(&model_params), "{model_params}");
+    assert!(
+        (914_500_000..914_700_000).contains(&model_params),
+        "{model_params}"
+    );
     let codec_params = summary.files["speech_tokenizer/model.safetensors"].parameters;
-    assert!((170_500_000..170_600_000).contains(&codec_params), "{codec_params}");
+    assert!(
+        (170_500_000..170_600_000).contains(&codec_params),
+        "{codec_params}"
+    );
     let parts = summary.talker.parameters
         + summary.code_predictor.parameters
         + summary.speaker_encoder_parameters.unwrap();
@@ -245,9 +260,15 @@ fn dtypes_other_than_bf16_or_f32_are_flagged() {
         t.get_mut(name).unwrap().dtype = Dtype::F16;
     });
     let name = "decoder.pre_transformer.norm.weight";
-    expect_single_problem(dir.path(), &inventory, WeightFile::SpeechTokenizer, name, |t| {
-        t.get_mut(name).unwrap().dtype = Dtype::I64;
-    });
+    expect_single_problem(
+        dir.path(),
+        &inventory,
+        WeightFile::SpeechTokenizer,
+        name,
+        |t| {
+            t.get_mut(name).unwrap().dtype = Dtype::I64;
+        },
+    );
 
     // The other float width is fine in both files.
     let swap = |file: WeightFile, dtype: Dtype| {
@@ -295,11 +316,16 @@ fn one_error_lists_every_problem_and_extra_tensors_are_ignored() {
     let err = open_err(dir.path());
     assert!(err.contains(" 5 tensor(s)"), "{err}");
     for name in removed {
-        assert!(err.contains(&format!("model.safetensors: missing {name} ")), "{err}");
+        assert!(
+            err.contains(&format!("model.safetensors: missing {name} ")),
+            "{err}"
+        );
     }
     for name in reshaped {
         assert!(
-            err.contains(&format!("speech_tokenizer/model.safetensors: {name} is F32 [7")),
+            err.contains(&format!(
+                "speech_tokenizer/model.safetensors: {name} is F32 [7"
+            )),
             "{err}"
         );
     }
@@ -337,7 +363,11 @@ fn corrupt_headers_are_errors_not_panics() {
     let mut cut = (json_len as u64 / 2).to_le_bytes().to_vec();
     cut.extend_from_slice(&header[8..8 + json_len / 2]);
     cases.push(("truncated json", cut, 8 + json_len as u64 / 2));
-    cases.push(("data section too short", header.clone(), header.len() as u64 + data_len - 1));
+    cases.push((
+        "data section too short",
+        header.clone(),
+        header.len() as u64 + data_len - 1,
+    ));
     for (what, bytes, len) in cases {
         std::fs::write(&path, &bytes).unwrap();
         std::fs::File::options()

@@ -53,7 +53,11 @@ fn answer(mut stream: TcpStream, files: &BTreeMap<String, Vec<u8>>, base: &str, 
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let mut request_line = String::new();
     reader.read_line(&mut request_line).unwrap();
-    let path = request_line.split_whitespace().nth(1).unwrap_or("").to_string();
+    let path = request_line
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("")
+        .to_string();
     let mut range = None;
     loop {
         let mut line = String::new();
@@ -118,12 +122,19 @@ fn ranged(bytes: &[u8], range: Option<&str>, headers: &[String]) -> Vec<u8> {
         end => end.parse::<usize>().unwrap().min(bytes.len() - 1),
     };
     let mut headers = headers.to_vec();
-    headers.push(format!("Content-Range: bytes {start}-{end}/{}", bytes.len()));
+    headers.push(format!(
+        "Content-Range: bytes {start}-{end}/{}",
+        bytes.len()
+    ));
     respond("206 Partial Content", &headers, &bytes[start..=end])
 }
 
 fn not_found() -> Vec<u8> {
-    respond("404 Not Found", &["x-error-code: EntryNotFound".into()], b"not found")
+    respond(
+        "404 Not Found",
+        &["x-error-code: EntryNotFound".into()],
+        b"not found",
+    )
 }
 
 fn respond(status: &str, headers: &[String], body: &[u8]) -> Vec<u8> {
@@ -132,7 +143,10 @@ fn respond(status: &str, headers: &[String], body: &[u8]) -> Vec<u8> {
         out.push_str(header);
         out.push_str("\r\n");
     }
-    out.push_str(&format!("Content-Length: {}\r\nConnection: close\r\n\r\n", body.len()));
+    out.push_str(&format!(
+        "Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    ));
     let mut out = out.into_bytes();
     out.extend_from_slice(body);
     out
@@ -155,7 +169,12 @@ fn tiny_checkpoint_files() -> BTreeMap<String, Vec<u8>> {
     REQUIRED_FILES
         .iter()
         .chain(PROCESSOR_FILES.iter())
-        .map(|file| (file.to_string(), std::fs::read(dir.path().join(file)).unwrap()))
+        .map(|file| {
+            (
+                file.to_string(),
+                std::fs::read(dir.path().join(file)).unwrap(),
+            )
+        })
         .collect()
 }
 
@@ -208,18 +227,32 @@ fn resolve_model_downloads_into_hf_home_and_then_uses_the_cache() {
     }
     Checkpoint::open(&snapshot).unwrap();
     let first = counts.all.load(Ordering::SeqCst);
-    assert!(first >= files.len(), "only {first} requests for {} files", files.len());
-    assert!(counts.cdn.load(Ordering::SeqCst) >= 2, "LFS files did not follow the redirect");
+    assert!(
+        first >= files.len(),
+        "only {first} requests for {} files",
+        files.len()
+    );
+    assert!(
+        counts.cdn.load(Ordering::SeqCst) >= 2,
+        "LFS files did not follow the redirect"
+    );
 
     let again = resolve_in_child(&endpoint, hf_home.path());
     assert_eq!(again, snapshot);
-    assert_eq!(counts.all.load(Ordering::SeqCst), first, "second resolve hit the network");
+    assert_eq!(
+        counts.all.load(Ordering::SeqCst),
+        first,
+        "second resolve hit the network"
+    );
 }
 
 #[test]
 fn an_existing_directory_is_used_as_is() {
     let dir = tempfile::tempdir().unwrap();
-    assert_eq!(resolve_model(dir.path().to_str().unwrap()).unwrap(), dir.path());
+    assert_eq!(
+        resolve_model(dir.path().to_str().unwrap()).unwrap(),
+        dir.path()
+    );
 }
 
 #[test]
@@ -227,14 +260,22 @@ fn a_spec_that_is_neither_directory_nor_repo_id_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("model.safetensors");
     std::fs::write(&file, b"").unwrap();
-    let err = resolve_model(file.to_str().unwrap()).unwrap_err().to_string();
+    let err = resolve_model(file.to_str().unwrap())
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("is a file"), "{err}");
 
     let missing = dir.path().join("no/such/dir");
-    for spec in [missing.to_str().unwrap(), "just-a-name", "a/b/c", "./rel/dir"] {
+    for spec in [
+        missing.to_str().unwrap(),
+        "just-a-name",
+        "a/b/c",
+        "./rel/dir",
+    ] {
         let err = resolve_model(spec).unwrap_err().to_string();
         assert!(
-            err.contains("neither an existing checkpoint directory nor") && err.contains("owner/name"),
+            err.contains("neither an existing checkpoint directory nor")
+                && err.contains("owner/name"),
             "{spec}: {err}"
         );
     }

@@ -216,6 +216,9 @@ pub fn expected_tensors(
     config: &ModelConfig,
     codec: &SpeechTokenizerConfig,
 ) -> Result<Vec<ExpectedTensor>> {
+    let encoder: MimiEncoderConfig = serde_json::from_value(codec.encoder_config.clone())
+        .context("speech_tokenizer/config.json: parsing encoder_config")?;
+    check_counts(config, codec, &encoder)?;
     let mut model = TensorList::new(WeightFile::Model);
     push_talker(&mut model, &config.talker);
     push_code_predictor(
@@ -228,13 +231,44 @@ pub fn expected_tensors(
     }
     let mut speech = TensorList::new(WeightFile::SpeechTokenizer);
     push_codec_decoder(&mut speech, &codec.decoder_config);
-    let encoder: MimiEncoderConfig = serde_json::from_value(codec.encoder_config.clone())
-        .context("speech_tokenizer/config.json: parsing encoder_config")?;
     push_codec_encoder(&mut speech, &encoder);
     let mut all = model.tensors;
     all.extend(speech.tensors);
     all.sort_by(|a, b| (a.file, &a.name).cmp(&(b.file, &b.name)));
     Ok(all)
+}
+
+/// Rejects counts the shape derivation would underflow or divide by.
+fn check_counts(
+    config: &ModelConfig,
+    codec: &SpeechTokenizerConfig,
+    encoder: &MimiEncoderConfig,
+) -> Result<()> {
+    let predictor_groups = config.talker.code_predictor_config.num_code_groups;
+    if predictor_groups < 2 {
+        bail!(
+            "config.json: talker_config.code_predictor_config.num_code_groups is {predictor_groups}; must be at least 2"
+        );
+    }
+    let decoder_quantizers = codec.decoder_config.num_quantizers;
+    if decoder_quantizers < 2 {
+        bail!(
+            "speech_tokenizer/config.json: decoder_config.num_quantizers is {decoder_quantizers}; must be at least 2"
+        );
+    }
+    if encoder.num_semantic_quantizers > encoder.num_quantizers {
+        bail!(
+            "speech_tokenizer/config.json: encoder_config.num_semantic_quantizers ({}) exceeds num_quantizers ({})",
+            encoder.num_semantic_quantizers,
+            encoder.num_quantizers
+        );
+    }
+    if encoder.compress == 0 || encoder.upsampling_ratios.contains(&0) {
+        bail!(
+            "speech_tokenizer/config.json: encoder_config.compress and upsampling_ratios must be positive"
+        );
+    }
+    Ok(())
 }
 
 /// Collects the tensors of one file; the helpers mirror the torch modules they stand for.

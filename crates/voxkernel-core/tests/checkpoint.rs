@@ -383,3 +383,28 @@ fn corrupt_headers_are_errors_not_panics() {
         );
     }
 }
+
+#[test]
+fn impossible_counts_in_the_configs_are_errors_not_panics() {
+    let (config, speech, _) = fixture("tiny-base");
+    let mut bad: serde_json::Value = serde_json::from_str(&config).unwrap();
+    bad["talker_config"]["code_predictor_config"]["num_code_groups"] = 0.into();
+    let model = ModelConfig::from_json(&bad.to_string()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, &speech).unwrap();
+    let codec = SpeechTokenizerConfig::from_file(&path).unwrap();
+    let err = expected_tensors(&model, &codec).unwrap_err().to_string();
+    assert!(
+        err.contains("code_predictor_config.num_code_groups is 0"),
+        "{err}"
+    );
+
+    let mut bad: serde_json::Value = serde_json::from_str(&speech).unwrap();
+    bad["encoder_config"]["compress"] = 0.into();
+    std::fs::write(&path, bad.to_string()).unwrap();
+    let codec = SpeechTokenizerConfig::from_file(&path).unwrap();
+    let model = ModelConfig::from_json(&config).unwrap();
+    let err = expected_tensors(&model, &codec).unwrap_err().to_string();
+    assert!(err.contains("encoder_config.compress"), "{err}");
+}

@@ -77,7 +77,7 @@ pub fn safetensors_header(tensors: &BTreeMap<String, HeaderTensor>) -> (Vec<u8>,
         offset += bytes;
     }
     let mut json = serde_json::to_vec(&header).unwrap();
-    while json.len() % 8 != 0 {
+    while !json.len().is_multiple_of(8) {
         json.push(b' ');
     }
     let mut out = (json.len() as u64).to_le_bytes().to_vec();

@@ -9,7 +9,11 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "voxkernel", version, about = "Fast Qwen3-TTS serving: CPU reference and CUDA megakernel")]
+#[command(
+    name = "voxkernel",
+    version,
+    about = "Fast Qwen3-TTS serving: CPU reference and CUDA megakernel"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

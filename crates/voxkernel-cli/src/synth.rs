@@ -85,13 +85,23 @@ pub fn run(args: SynthArgs) -> Result<()> {
         (ModelType::CustomVoice, Some(name)) => Voice::Speaker(name.clone()),
         (ModelType::CustomVoice, None) => bail!(
             "--speaker is required for this CustomVoice model; valid speakers: {}",
-            config.talker.spk_id.keys().cloned().collect::<Vec<_>>().join(", ")
+            config
+                .talker
+                .spk_id
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
         (ModelType::VoiceDesign, None) => Voice::Design,
         (ModelType::Base, None) => {
-            bail!("Base models clone a voice from reference audio, which voxkernel does not support yet")
+            bail!(
+                "Base models clone a voice from reference audio, which voxkernel does not support yet"
+            )
         }
-        (_, Some(_)) => bail!("--speaker applies only to CustomVoice models; this model has no preset speakers"),
+        (_, Some(_)) => {
+            bail!("--speaker applies only to CustomVoice models; this model has no preset speakers")
+        }
     };
     let request = SpeechRequest {
         text: args.text.clone(),
@@ -126,7 +136,11 @@ pub fn run(args: SynthArgs) -> Result<()> {
     if max_frames == 0 {
         bail!("--max-frames must be at least 1");
     }
-    let spec = SequenceSpec { plan, sampling, max_frames };
+    let spec = SequenceSpec {
+        plan,
+        sampling,
+        max_frames,
+    };
 
     let mut backend = select_backend(args.backend, &model)?;
     tracing::info!(backend = %backend.name(), "synthesising");
@@ -156,9 +170,14 @@ fn select_backend(choice: BackendChoice, model: &Model) -> Result<Box<dyn FrameB
         BackendChoice::Auto => voxkernel_cuda::driver_present(),
     };
     if cuda {
-        Ok(Box::new(voxkernel_cuda::CudaBackend::new(&model.checkpoint, Default::default())?))
+        Ok(Box::new(voxkernel_cuda::CudaBackend::new(
+            &model.checkpoint,
+            Default::default(),
+        )?))
     } else {
-        Ok(Box::new(voxkernel_core::reference::ReferenceBackend::new(&model.checkpoint)?))
+        Ok(Box::new(voxkernel_core::reference::ReferenceBackend::new(
+            &model.checkpoint,
+        )?))
     }
 }
 

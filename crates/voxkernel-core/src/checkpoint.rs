@@ -13,9 +13,8 @@ use safetensors::Dtype;
 use safetensors::tensor::Metadata;
 
 use crate::config::{
-    SpeakerEncoderConfig,
     CodePredictorConfig, CodecDecoderConfig, GenerationConfig, ModelConfig, ModelType,
-    SpeechTokenizerConfig, TalkerConfig,
+    SpeakerEncoderConfig, SpeechTokenizerConfig, TalkerConfig,
 };
 
 /// A safetensors file whose header is parsed up front and whose tensors are read on demand

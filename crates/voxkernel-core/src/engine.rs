@@ -76,9 +76,7 @@ impl SamplerOverrides {
         params.temperature = self.temperature.unwrap_or(params.temperature);
         params.top_k = self.top_k.unwrap_or(params.top_k);
         params.top_p = self.top_p.unwrap_or(params.top_p);
-        params.repetition_penalty = self
-            .repetition_penalty
-            .unwrap_or(params.repetition_penalty);
+        params.repetition_penalty = self.repetition_penalty.unwrap_or(params.repetition_penalty);
     }
 }
 

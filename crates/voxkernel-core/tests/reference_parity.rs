@@ -9,13 +9,13 @@ use voxkernel_core::backend::{
 };
 use voxkernel_core::checkpoint::{Checkpoint, SafetensorsFile};
 use voxkernel_core::config::ModelConfig;
-use voxkernel_core::prompt::{CodecSource, PrefillRow, PromptPlan, TextMode};
+use voxkernel_core::prompt::{
+    CodecSource, PromptPlan, PromptRequest, TextIds, TextMode, Voice, build_plan,
+};
 use voxkernel_core::reference::{ReferenceBackend, ReferenceModel};
 use voxkernel_core::sampling::{SamplerParams, SamplingConfig};
 
 const MAX_REL_ERR: f32 = 1e-4;
-/// `\n` in the Qwen2 vocabulary: the last id of the `<|im_start|>assistant\n` role prefix.
-const NEWLINE_ID: u32 = 198;
 
 #[derive(Debug, Deserialize)]
 struct CaseMeta {
@@ -114,84 +114,30 @@ fn all_cases() -> Vec<Case> {
     cases
 }
 
-/// A minimal stand-in for `prompt::build_plan` (spec §3.3, non-ICL modes only), so these
-/// tests do not depend on the prompt-plan module while it is being written.
+/// The case's plan, built by the real prompt builder from the official token ids.
 fn plan_for_case(
     config: &ModelConfig,
     meta: &CaseMeta,
     speaker_vector: Option<Vec<f32>>,
 ) -> PromptPlan {
-    let t = &config.talker;
-    let language = meta.language.to_lowercase();
-    let mut language_id = (language != "auto").then(|| t.codec_language_id[&language]);
-    if let Some(speaker) = &meta.speaker
-        && (language == "chinese" || language == "auto")
-        && let Some(dialect) = t.spk_is_dialect.get(speaker)
-    {
-        language_id = Some(t.codec_language_id[dialect]);
-    }
-    let mut control: Vec<CodecSource> = match language_id {
-        None => vec![
-            t.codec_nothink_id,
-            t.codec_think_bos_id,
-            t.codec_think_eos_id,
-        ],
-        Some(id) => vec![
-            t.codec_think_id,
-            t.codec_think_bos_id,
-            id,
-            t.codec_think_eos_id,
-        ],
-    }
-    .into_iter()
-    .map(CodecSource::Id)
-    .collect();
-    match meta.mode.as_str() {
-        "custom_voice" => control.push(CodecSource::Id(t.spk_id[meta.speaker.as_ref().unwrap()])),
-        "base_xvector" => control.push(CodecSource::SpeakerVector),
-        "voice_design" => {}
+    let voice = match meta.mode.as_str() {
+        "custom_voice" => Voice::Speaker(meta.speaker.clone().expect("custom_voice case speaker")),
+        "base_xvector" => Voice::XVector(speaker_vector.expect("base_xvector case x-vector")),
+        "voice_design" => Voice::Design,
         other => panic!("unknown case mode {other}"),
-    }
-    let row = |text_id, codec| PrefillRow { text_id, codec };
-    let text_only = |text_id| row(text_id, CodecSource::None);
-    let mut prefill: Vec<PrefillRow> = Vec::new();
-    prefill.extend(meta.instruct_ids.iter().flatten().copied().map(text_only));
-    prefill.extend(
-        [
-            config.im_start_token_id,
-            config.assistant_token_id,
-            NEWLINE_ID,
-        ]
-        .map(text_only),
-    );
-    prefill.extend(control.iter().map(|&c| row(config.tts_pad_token_id, c)));
-    prefill.push(row(
-        config.tts_bos_token_id,
-        CodecSource::Id(t.codec_pad_id),
-    ));
-    let pad = CodecSource::Id(t.codec_pad_id);
-    let bos = CodecSource::Id(t.codec_bos_id);
-    let trailing = match text_mode(meta) {
-        TextMode::Whole => {
-            prefill.extend(meta.text_ids.iter().map(|&id| row(id, pad)));
-            prefill.push(row(config.tts_eos_token_id, pad));
-            prefill.push(row(config.tts_pad_token_id, bos));
-            Vec::new()
-        }
-        TextMode::Streaming => {
-            prefill.push(row(meta.text_ids[0], bos));
-            let mut rest = meta.text_ids[1..].to_vec();
-            rest.push(config.tts_eos_token_id);
-            rest
-        }
     };
-    PromptPlan {
-        prefill,
-        trailing,
-        tts_pad_id: config.tts_pad_token_id,
-        speaker_vector,
-        reference_codes: Vec::new(),
-    }
+    let request = PromptRequest {
+        voice,
+        language: meta.language.clone(),
+        text_mode: text_mode(meta),
+    };
+    let ids = TextIds {
+        target: meta.text_ids.clone(),
+        target_role: None,
+        instruct: meta.instruct_ids.clone(),
+        reference: None,
+    };
+    build_plan(config, &request, &ids).unwrap()
 }
 
 fn text_mode(meta: &CaseMeta) -> TextMode {
@@ -221,7 +167,7 @@ fn greedy() -> SamplerParams {
     SamplerParams {
         do_sample: false,
         temperature: 1.0,
-        top_k: 0,
+        top_k: 50,
         top_p: 1.0,
         repetition_penalty: 1.05,
     }

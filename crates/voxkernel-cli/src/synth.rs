@@ -167,7 +167,7 @@ fn select_backend(choice: BackendChoice, model: &Model) -> Result<Box<dyn FrameB
     let cuda = match choice {
         BackendChoice::Cpu => false,
         BackendChoice::Cuda => true,
-        BackendChoice::Auto => voxkernel_cuda::driver_present(),
+        BackendChoice::Auto => voxkernel_cuda::driver_available(),
     };
     if cuda {
         Ok(Box::new(voxkernel_cuda::CudaBackend::new(

@@ -50,10 +50,51 @@ pub struct ModelConfig {
     pub talker: TalkerConfig,
 }
 
+/// `speaker_encoder_config` (ECAPA-TDNN, Base models). The released configs set only `enc_dim`
+/// and `sample_rate`; the geometry falls back to `Qwen3TTSSpeakerEncoderConfig`'s defaults
+/// (configuration_qwen3_tts.py:47-58), which the released tensor shapes confirm.
 #[derive(Debug, Clone, Deserialize)]
 pub struct SpeakerEncoderConfig {
     pub enc_dim: usize,
     pub sample_rate: u32,
+    #[serde(default = "speaker_defaults::mel_dim")]
+    pub mel_dim: usize,
+    #[serde(default = "speaker_defaults::channels")]
+    pub enc_channels: Vec<usize>,
+    #[serde(default = "speaker_defaults::kernel_sizes")]
+    pub enc_kernel_sizes: Vec<usize>,
+    #[serde(default = "speaker_defaults::dilations")]
+    pub enc_dilations: Vec<usize>,
+    #[serde(default = "speaker_defaults::attention_channels")]
+    pub enc_attention_channels: usize,
+    #[serde(default = "speaker_defaults::res2net_scale")]
+    pub enc_res2net_scale: usize,
+    #[serde(default = "speaker_defaults::se_channels")]
+    pub enc_se_channels: usize,
+}
+
+mod speaker_defaults {
+    pub fn mel_dim() -> usize {
+        128
+    }
+    pub fn channels() -> Vec<usize> {
+        vec![512, 512, 512, 512, 1536]
+    }
+    pub fn kernel_sizes() -> Vec<usize> {
+        vec![5, 3, 3, 3, 1]
+    }
+    pub fn dilations() -> Vec<usize> {
+        vec![1, 2, 3, 4, 1]
+    }
+    pub fn attention_channels() -> usize {
+        128
+    }
+    pub fn res2net_scale() -> usize {
+        8
+    }
+    pub fn se_channels() -> usize {
+        128
+    }
 }
 
 /// `talker_config` (model_type `qwen3_tts_talker`).

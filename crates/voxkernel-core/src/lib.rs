@@ -5,6 +5,8 @@
 pub mod backend;
 pub mod checkpoint;
 pub mod config;
+pub mod engine;
+pub mod hub;
 pub mod prompt;
 pub mod reference;
 pub mod sampling;

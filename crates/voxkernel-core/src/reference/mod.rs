@@ -1,2 +1,22 @@
 //! The CPU reference backend (candle, f32): the executable specification the CUDA backend is
-//! judged against.
+//! judged against. One concept per file:
+//! - [`weights`]: checkpoint tensors as f32 candle tensors;
+//! - [`transformer`]: the Qwen3 decoder stack shared by the talker and the code predictor;
+//! - [`embeddings`]: `TP`, `CE`, `FRAME` and the prompt plan's prefill and trailing rows;
+//! - [`talker`]: the talker and its codec head;
+//! - [`code_predictor`]: codebooks 1..15 of a frame;
+//! - [`model`]: everything loaded together, plus the parity taps;
+//! - [`sequence`]: the frame loop of one sequence (spec §3.5);
+//! - [`backend`]: [`ReferenceBackend`], the [`crate::backend::FrameBackend`] over sequences.
+
+mod backend;
+mod code_predictor;
+mod embeddings;
+mod model;
+mod sequence;
+mod talker;
+mod transformer;
+mod weights;
+
+pub use backend::ReferenceBackend;
+pub use model::ReferenceModel;

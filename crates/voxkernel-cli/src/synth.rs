@@ -1,0 +1,179 @@
+//! `voxkernel synth`: one request, start to finish, to a WAV file.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+use voxkernel_core::backend::{FrameBackend, SequenceSpec};
+use voxkernel_core::config::ModelType;
+use voxkernel_core::engine::{self, Model, SamplerOverrides, SpeechRequest};
+use voxkernel_core::prompt::{TextMode, Voice};
+use voxkernel_core::reference::codec_decoder::CodecDecoder;
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum BackendChoice {
+    /// CUDA when a driver is present, else CPU.
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum TextModeArg {
+    /// The whole text in the prefill (official non_streaming_mode=True).
+    Whole,
+    /// One text token per decode step (official non_streaming_mode=False).
+    Streaming,
+}
+
+#[derive(Args)]
+pub struct SynthArgs {
+    /// Checkpoint directory or hub id.
+    #[arg(long)]
+    model: String,
+    #[arg(long)]
+    text: String,
+    /// Preset speaker (CustomVoice models).
+    #[arg(long)]
+    speaker: Option<String>,
+    /// Language name, or "auto".
+    #[arg(long, default_value = "auto")]
+    language: String,
+    /// Style (1.7B CustomVoice) or voice description (VoiceDesign).
+    #[arg(long)]
+    instruct: Option<String>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Argmax decoding for both the talker and the sub-talker.
+    #[arg(long)]
+    greedy: bool,
+    #[arg(long)]
+    temperature: Option<f32>,
+    #[arg(long)]
+    top_k: Option<usize>,
+    #[arg(long)]
+    top_p: Option<f32>,
+    #[arg(long)]
+    repetition_penalty: Option<f32>,
+    #[arg(long)]
+    subtalker_temperature: Option<f32>,
+    #[arg(long)]
+    subtalker_top_k: Option<usize>,
+    #[arg(long)]
+    subtalker_top_p: Option<f32>,
+    /// Default: the official one for the voice (whole for preset and designed voices).
+    #[arg(long, value_enum)]
+    text_mode: Option<TextModeArg>,
+    /// At most this many 80 ms frames of audio (official max_new_tokens = N + 1).
+    #[arg(long)]
+    max_frames: Option<usize>,
+    #[arg(long, value_enum, default_value = "auto")]
+    backend: BackendChoice,
+    /// Also write the generated codes as JSON `{"codes": [[16 ints] per frame]}`.
+    #[arg(long)]
+    codes_out: Option<PathBuf>,
+    /// Output WAV path (24 kHz mono, 16-bit).
+    #[arg(short, long)]
+    output: PathBuf,
+}
+
+pub fn run(args: SynthArgs) -> Result<()> {
+    let dir = voxkernel_core::hub::resolve_model(&args.model)?;
+    let model = Model::load(&dir)?;
+    let config = &model.checkpoint.config;
+    let voice = match (config.model_type, &args.speaker) {
+        (ModelType::CustomVoice, Some(name)) => Voice::Speaker(name.clone()),
+        (ModelType::CustomVoice, None) => bail!(
+            "--speaker is required for this CustomVoice model; valid speakers: {}",
+            config.talker.spk_id.keys().cloned().collect::<Vec<_>>().join(", ")
+        ),
+        (ModelType::VoiceDesign, None) => Voice::Design,
+        (ModelType::Base, None) => {
+            bail!("Base models clone a voice from reference audio, which voxkernel does not support yet")
+        }
+        (_, Some(_)) => bail!("--speaker applies only to CustomVoice models; this model has no preset speakers"),
+    };
+    let request = SpeechRequest {
+        text: args.text.clone(),
+        voice,
+        language: args.language.clone(),
+        instruct: args.instruct.clone(),
+        text_mode: args.text_mode.map(|m| match m {
+            TextModeArg::Whole => TextMode::Whole,
+            TextModeArg::Streaming => TextMode::Streaming,
+        }),
+    };
+    let plan = model.plan(&request)?;
+    let talker = SamplerOverrides {
+        greedy: args.greedy,
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        repetition_penalty: args.repetition_penalty,
+    };
+    let subtalker = SamplerOverrides {
+        greedy: args.greedy,
+        temperature: args.subtalker_temperature,
+        top_k: args.subtalker_top_k,
+        top_p: args.subtalker_top_p,
+        repetition_penalty: None,
+    };
+    let sampling =
+        engine::sampling_config(&model.checkpoint.generation, &talker, &subtalker, args.seed)?;
+    let max_frames = args
+        .max_frames
+        .unwrap_or(model.checkpoint.generation.max_new_tokens.saturating_sub(1));
+    if max_frames == 0 {
+        bail!("--max-frames must be at least 1");
+    }
+    let spec = SequenceSpec { plan, sampling, max_frames };
+
+    let mut backend = select_backend(args.backend, &model)?;
+    tracing::info!(backend = %backend.name(), "synthesising");
+    let (frames, finish) = engine::generate(backend.as_mut(), &spec)?;
+    let codec = CodecDecoder::new(&model.checkpoint)?;
+    let pcm = codec.decode(&frames)?;
+    write_wav(&args.output, &pcm)?;
+    if let Some(path) = &args.codes_out {
+        let json = serde_json::json!({ "codes": frames });
+        std::fs::write(path, json.to_string())
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    tracing::info!(
+        frames = frames.len(),
+        seconds = pcm.len() as f64 / 24_000.0,
+        finished_by = ?finish,
+        "wrote {}",
+        args.output.display()
+    );
+    Ok(())
+}
+
+fn select_backend(choice: BackendChoice, model: &Model) -> Result<Box<dyn FrameBackend>> {
+    let cuda = match choice {
+        BackendChoice::Cpu => false,
+        BackendChoice::Cuda => true,
+        BackendChoice::Auto => voxkernel_cuda::driver_present(),
+    };
+    if cuda {
+        Ok(Box::new(voxkernel_cuda::CudaBackend::new(&model.checkpoint, Default::default())?))
+    } else {
+        Ok(Box::new(voxkernel_core::reference::ReferenceBackend::new(&model.checkpoint)?))
+    }
+}
+
+fn write_wav(path: &std::path::Path, pcm: &[f32]) -> Result<()> {
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 24_000,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
+    let mut writer = hound::WavWriter::create(path, spec)
+        .with_context(|| format!("creating {}", path.display()))?;
+    for &s in pcm {
+        writer.write_sample((s.clamp(-1.0, 1.0) * 32767.0).round() as i16)?;
+    }
+    writer.finalize()?;
+    Ok(())
+}

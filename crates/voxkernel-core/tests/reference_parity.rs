@@ -1,0 +1,502 @@
+//! The CPU reference backend against the official qwen-tts 0.1.1 outputs in
+//! `tests/fixtures/parity` (layout: the fixture contract, scripts/parity/README.md).
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use voxkernel_core::backend::{
+    FinishReason, Frame, FrameBackend, FrameEvent, SequenceSpec, SlotId,
+};
+use voxkernel_core::checkpoint::{Checkpoint, SafetensorsFile};
+use voxkernel_core::config::ModelConfig;
+use voxkernel_core::prompt::{CodecSource, PrefillRow, PromptPlan, TextMode};
+use voxkernel_core::reference::{ReferenceBackend, ReferenceModel};
+use voxkernel_core::sampling::{SamplerParams, SamplingConfig};
+
+const MAX_REL_ERR: f32 = 1e-4;
+/// `\n` in the Qwen2 vocabulary: the last id of the `<|im_start|>assistant\n` role prefix.
+const NEWLINE_ID: u32 = 198;
+
+#[derive(Debug, Deserialize)]
+struct CaseMeta {
+    mode: String,
+    language: String,
+    speaker: Option<String>,
+    text_mode: String,
+    text_ids: Vec<u32>,
+    instruct_ids: Option<Vec<u32>>,
+    max_new_tokens: usize,
+    prefill_len: usize,
+    num_frames: usize,
+    finished_by: String,
+    logit_steps: usize,
+}
+
+struct Case {
+    name: String,
+    checkpoint_dir: PathBuf,
+    meta: CaseMeta,
+    tensors: SafetensorsFile,
+}
+
+impl Case {
+    fn f32_rows(&self, name: &str) -> Vec<Vec<f32>> {
+        let (data, shape) = self.tensors.f32(name).unwrap();
+        let width = *shape.last().unwrap();
+        data.chunks(width).map(<[f32]>::to_vec).collect()
+    }
+
+    fn codes(&self) -> Vec<Frame> {
+        let info = self.tensors.info("codes").unwrap();
+        assert_eq!(
+            info.shape[1], 16,
+            "{}: codes shape {:?}",
+            self.name, info.shape
+        );
+        let bytes = self.tensors.bytes("codes").unwrap();
+        let values: Vec<u32> = bytes
+            .chunks_exact(8)
+            .map(|b| u32::try_from(i64::from_le_bytes(b.try_into().unwrap())).unwrap())
+            .collect();
+        values.chunks(16).map(|c| c.try_into().unwrap()).collect()
+    }
+
+    fn speaker_vector(&self) -> Option<Vec<f32>> {
+        self.tensors
+            .info("speaker_vector")
+            .map(|_| self.tensors.f32("speaker_vector").unwrap().0)
+    }
+
+    fn plan(&self, config: &ModelConfig) -> PromptPlan {
+        plan_for_case(config, &self.meta, self.speaker_vector())
+    }
+}
+
+fn fixtures_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/parity")
+}
+
+/// Every case of every fixture checkpoint (a case is a `cases/<name>.json` with its tensors).
+fn all_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    let mut checkpoints: Vec<PathBuf> = std::fs::read_dir(fixtures_root())
+        .expect("tests/fixtures/parity is missing")
+        .map(|e| e.unwrap().path())
+        .collect();
+    checkpoints.sort();
+    for dir in checkpoints {
+        let mut jsons: Vec<PathBuf> = std::fs::read_dir(dir.join("cases"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "json"))
+            .collect();
+        jsons.sort();
+        for json in jsons {
+            let meta: CaseMeta =
+                serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+            cases.push(Case {
+                name: format!(
+                    "{}/{}",
+                    dir.file_name().unwrap().to_string_lossy(),
+                    json.file_stem().unwrap().to_string_lossy()
+                ),
+                checkpoint_dir: dir.clone(),
+                meta,
+                tensors: SafetensorsFile::open(&json.with_extension("safetensors")).unwrap(),
+            });
+        }
+    }
+    assert!(
+        cases.len() >= 4,
+        "expected the fixture cases, found {}",
+        cases.len()
+    );
+    cases
+}
+
+/// A minimal stand-in for `prompt::build_plan` (spec §3.3, non-ICL modes only), so these
+/// tests do not depend on the prompt-plan module while it is being written.
+fn plan_for_case(
+    config: &ModelConfig,
+    meta: &CaseMeta,
+    speaker_vector: Option<Vec<f32>>,
+) -> PromptPlan {
+    let t = &config.talker;
+    let language = meta.language.to_lowercase();
+    let mut language_id = (language != "auto").then(|| t.codec_language_id[&language]);
+    if let Some(speaker) = &meta.speaker
+        && (language == "chinese" || language == "auto")
+        && let Some(dialect) = t.spk_is_dialect.get(speaker)
+    {
+        language_id = Some(t.codec_language_id[dialect]);
+    }
+    let mut control: Vec<CodecSource> = match language_id {
+        None => vec![
+            t.codec_nothink_id,
+            t.codec_think_bos_id,
+            t.codec_think_eos_id,
+        ],
+        Some(id) => vec![
+            t.codec_think_id,
+            t.codec_think_bos_id,
+            id,
+            t.codec_think_eos_id,
+        ],
+    }
+    .into_iter()
+    .map(CodecSource::Id)
+    .collect();
+    match meta.mode.as_str() {
+        "custom_voice" => control.push(CodecSource::Id(t.spk_id[meta.speaker.as_ref().unwrap()])),
+        "base_xvector" => control.push(CodecSource::SpeakerVector),
+        "voice_design" => {}
+        other => panic!("unknown case mode {other}"),
+    }
+    let row = |text_id, codec| PrefillRow { text_id, codec };
+    let text_only = |text_id| row(text_id, CodecSource::None);
+    let mut prefill: Vec<PrefillRow> = Vec::new();
+    prefill.extend(meta.instruct_ids.iter().flatten().copied().map(text_only));
+    prefill.extend(
+        [
+            config.im_start_token_id,
+            config.assistant_token_id,
+            NEWLINE_ID,
+        ]
+        .map(text_only),
+    );
+    prefill.extend(control.iter().map(|&c| row(config.tts_pad_token_id, c)));
+    prefill.push(row(
+        config.tts_bos_token_id,
+        CodecSource::Id(t.codec_pad_id),
+    ));
+    let pad = CodecSource::Id(t.codec_pad_id);
+    let bos = CodecSource::Id(t.codec_bos_id);
+    let trailing = match text_mode(meta) {
+        TextMode::Whole => {
+            prefill.extend(meta.text_ids.iter().map(|&id| row(id, pad)));
+            prefill.push(row(config.tts_eos_token_id, pad));
+            prefill.push(row(config.tts_pad_token_id, bos));
+            Vec::new()
+        }
+        TextMode::Streaming => {
+            prefill.push(row(meta.text_ids[0], bos));
+            let mut rest = meta.text_ids[1..].to_vec();
+            rest.push(config.tts_eos_token_id);
+            rest
+        }
+    };
+    PromptPlan {
+        prefill,
+        trailing,
+        tts_pad_id: config.tts_pad_token_id,
+        speaker_vector,
+        reference_codes: Vec::new(),
+    }
+}
+
+fn text_mode(meta: &CaseMeta) -> TextMode {
+    match meta.text_mode.as_str() {
+        "whole" => TextMode::Whole,
+        "streaming" => TextMode::Streaming,
+        other => panic!("unknown text_mode {other}"),
+    }
+}
+
+/// max|a - b| / max|b| over a whole tensor (rows must match in shape).
+fn rel_err(ours: &[Vec<f32>], official: &[Vec<f32>]) -> f32 {
+    assert_eq!(ours.len(), official.len(), "row count");
+    let mut max_diff = 0.0f32;
+    let mut max_ref = 0.0f32;
+    for (a, b) in ours.iter().zip(official) {
+        assert_eq!(a.len(), b.len(), "row width");
+        for (x, y) in a.iter().zip(b) {
+            max_diff = max_diff.max((x - y).abs());
+            max_ref = max_ref.max(y.abs());
+        }
+    }
+    max_diff / max_ref
+}
+
+fn greedy() -> SamplerParams {
+    SamplerParams {
+        do_sample: false,
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        repetition_penalty: 1.05,
+    }
+}
+
+fn greedy_sampling() -> SamplingConfig {
+    SamplingConfig {
+        talker: greedy(),
+        subtalker: SamplerParams {
+            repetition_penalty: 1.0,
+            ..greedy()
+        },
+        seed: 0,
+    }
+}
+
+/// Drives one sequence to its end through the backend interface.
+fn run_to_end(backend: &mut ReferenceBackend, spec: &SequenceSpec) -> (Vec<Frame>, FinishReason) {
+    let slot = backend.start(spec).unwrap();
+    let mut frames = Vec::new();
+    loop {
+        match backend.step(&[slot]).unwrap()[0] {
+            FrameEvent::Frame(frame) => frames.push(frame),
+            FrameEvent::Finished(reason) => {
+                backend.release(slot);
+                return (frames, reason);
+            }
+        }
+        assert!(
+            frames.len() <= spec.max_frames,
+            "more frames than max_frames"
+        );
+    }
+}
+
+fn open(case: &Case) -> Checkpoint {
+    Checkpoint::open(&case.checkpoint_dir).unwrap()
+}
+
+#[test]
+fn prefill_and_trailing_embeddings_match_official() {
+    for case in all_cases() {
+        let checkpoint = open(&case);
+        let model = ReferenceModel::new(&checkpoint).unwrap();
+        let plan = case.plan(model.config());
+        let prefill = model.prefill_embeds(&plan).unwrap();
+        assert_eq!(
+            prefill.len(),
+            case.meta.prefill_len,
+            "{}: prefill rows",
+            case.name
+        );
+        let err = rel_err(&prefill, &case.f32_rows("prefill_embeds"));
+        assert!(err <= MAX_REL_ERR, "{}: prefill rel err {err:e}", case.name);
+        let trailing = model.trailing_embeds(&plan).unwrap();
+        let err = rel_err(&trailing, &case.f32_rows("trailing_embeds"));
+        assert!(
+            err <= MAX_REL_ERR,
+            "{}: trailing rel err {err:e}",
+            case.name
+        );
+    }
+}
+
+#[test]
+fn teacher_forced_codebook0_logits_match_official() {
+    for case in all_cases() {
+        let checkpoint = open(&case);
+        let model = ReferenceModel::new(&checkpoint).unwrap();
+        let plan = case.plan(model.config());
+        let official = case.f32_rows("logits_c0");
+        assert_eq!(official.len(), case.meta.logit_steps);
+        let ours = model
+            .teacher_forced_logits(&plan, &case.codes(), case.meta.logit_steps)
+            .unwrap();
+        for (step, (a, b)) in ours.iter().zip(&official).enumerate() {
+            let err = rel_err(std::slice::from_ref(a), std::slice::from_ref(b));
+            assert!(
+                err <= MAX_REL_ERR,
+                "{}: step {step} logits rel err {err:e}",
+                case.name
+            );
+        }
+    }
+}
+
+/// The sub-talker has no logit processors, so in the official greedy run codebook `j` of every
+/// frame is the argmax of the predictor's raw logits for group `j`.
+#[test]
+fn teacher_forced_predictor_logits_argmax_to_official_greedy_codes() {
+    for case in all_cases() {
+        let checkpoint = open(&case);
+        let model = ReferenceModel::new(&checkpoint).unwrap();
+        let plan = case.plan(model.config());
+        let codes = case.codes();
+        for frame in [0, codes.len() - 1] {
+            let logits = model
+                .teacher_forced_predictor_logits(&plan, &codes, frame)
+                .unwrap();
+            assert_eq!(logits.len(), 15);
+            for (j, row) in logits.iter().enumerate() {
+                assert_eq!(row.len(), 2048);
+                assert_eq!(
+                    argmax(row),
+                    codes[frame][j + 1],
+                    "{}: frame {frame} group {}",
+                    case.name,
+                    j + 1
+                );
+            }
+        }
+    }
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in row.iter().enumerate() {
+        if x > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+#[test]
+fn greedy_codes_match_official_in_every_case() {
+    let mut text_modes = std::collections::BTreeSet::new();
+    let mut finish_reasons = std::collections::BTreeSet::new();
+    for case in all_cases() {
+        let checkpoint = open(&case);
+        let mut backend = ReferenceBackend::new(&checkpoint).unwrap();
+        let spec = SequenceSpec {
+            plan: case.plan(backend.model().config()),
+            sampling: greedy_sampling(),
+            max_frames: case.meta.max_new_tokens - 1,
+        };
+        let (frames, reason) = run_to_end(&mut backend, &spec);
+        let official = case.codes();
+        assert_eq!(official.len(), case.meta.num_frames);
+        for (g, (ours, theirs)) in frames.iter().zip(&official).enumerate() {
+            assert_eq!(ours, theirs, "{}: frame {g}", case.name);
+        }
+        assert_eq!(frames.len(), official.len(), "{}: frame count", case.name);
+        let expected = match case.meta.finished_by.as_str() {
+            "eos" => FinishReason::Eos,
+            "max_new_tokens" => FinishReason::MaxFrames,
+            other => panic!("unknown finished_by {other}"),
+        };
+        assert_eq!(reason, expected, "{}: finish reason", case.name);
+        text_modes.insert(case.meta.text_mode.clone());
+        finish_reasons.insert(case.meta.finished_by.clone());
+    }
+    assert_eq!(text_modes.len(), 2, "both text modes must be covered");
+    assert_eq!(
+        finish_reasons.len(),
+        2,
+        "both EOS and max_new_tokens must be covered"
+    );
+}
+
+fn first_case() -> Case {
+    all_cases()
+        .into_iter()
+        .find(|c| c.name == "tiny-custom-voice/ryan_english_whole")
+        .expect("fixture tiny-custom-voice/ryan_english_whole")
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_and_seed_dependent() {
+    let case = first_case();
+    let checkpoint = open(&case);
+    let mut backend = ReferenceBackend::new(&checkpoint).unwrap();
+    let plan = case.plan(backend.model().config());
+    let spec = |seed| SequenceSpec {
+        plan: plan.clone(),
+        sampling: SamplingConfig::from_generation(&checkpoint.generation, seed),
+        max_frames: 12,
+    };
+    let (a, _) = run_to_end(&mut backend, &spec(42));
+    let (b, _) = run_to_end(&mut backend, &spec(42));
+    let (c, _) = run_to_end(&mut backend, &spec(43));
+    assert!(!a.is_empty());
+    assert_eq!(a, b, "same seed, same frames");
+    assert_ne!(a, c, "another seed should give other frames");
+    assert!(
+        a.iter()
+            .all(|f| f[0] < 2048 && f[1..].iter().all(|&c| c < 2048)),
+        "only audio codes may be emitted"
+    );
+}
+
+#[test]
+fn interleaved_slots_match_sequential_runs_and_max_frames_is_honoured() {
+    let case = first_case();
+    let checkpoint = open(&case);
+    let mut backend = ReferenceBackend::new(&checkpoint).unwrap();
+    let plan = case.plan(backend.model().config());
+    let official = case.codes();
+    let greedy_spec = SequenceSpec {
+        plan: plan.clone(),
+        sampling: greedy_sampling(),
+        max_frames: 3,
+    };
+    let sampled_spec = SequenceSpec {
+        plan,
+        sampling: SamplingConfig::from_generation(&checkpoint.generation, 7),
+        max_frames: 5,
+    };
+    let (sampled_alone, _) = run_to_end(&mut backend, &sampled_spec);
+
+    let a = backend.start(&greedy_spec).unwrap();
+    let b = backend.start(&sampled_spec).unwrap();
+    let mut frames: [Vec<Frame>; 2] = [Vec::new(), Vec::new()];
+    let mut finished: [Option<FinishReason>; 2] = [None, None];
+    for _ in 0..7 {
+        let events = backend.step(&[a, b]).unwrap();
+        for (i, event) in events.into_iter().enumerate() {
+            match event {
+                FrameEvent::Frame(f) => {
+                    assert!(finished[i].is_none(), "a frame after Finished");
+                    frames[i].push(f);
+                }
+                FrameEvent::Finished(r) => finished[i] = Some(r),
+            }
+        }
+    }
+    assert_eq!(frames[0], official[..3], "greedy slot: the official prefix");
+    assert_eq!(finished[0], Some(FinishReason::MaxFrames));
+    assert_eq!(frames[1], sampled_alone, "sampled slot: same as alone");
+    assert_eq!(finished[1], Some(FinishReason::MaxFrames));
+
+    backend.release(a);
+    let err = backend.step(&[a]).unwrap_err();
+    assert!(err.to_string().contains(&format!("slot {}", a.0)), "{err}");
+    assert!(backend.step(&[SlotId(99)]).is_err());
+}
+
+#[test]
+fn zero_max_frames_finishes_without_a_frame() {
+    let case = first_case();
+    let checkpoint = open(&case);
+    let mut backend = ReferenceBackend::new(&checkpoint).unwrap();
+    let spec = SequenceSpec {
+        plan: case.plan(backend.model().config()),
+        sampling: greedy_sampling(),
+        max_frames: 0,
+    };
+    let (frames, reason) = run_to_end(&mut backend, &spec);
+    assert!(frames.is_empty());
+    assert_eq!(reason, FinishReason::MaxFrames);
+}
+
+#[test]
+fn bad_requests_are_rejected_with_the_field_named() {
+    let case = first_case();
+    let checkpoint = open(&case);
+    let mut backend = ReferenceBackend::new(&checkpoint).unwrap();
+    let mut plan = case.plan(backend.model().config());
+    let mut sampling = greedy_sampling();
+    sampling.talker.do_sample = true;
+    sampling.talker.temperature = 0.0;
+    let spec = SequenceSpec {
+        plan: plan.clone(),
+        sampling,
+        max_frames: 4,
+    };
+    let err = backend.start(&spec).unwrap_err();
+    assert!(err.to_string().contains("talker.temperature"), "{err}");
+
+    plan.prefill[5].codec = CodecSource::SpeakerVector;
+    let spec = SequenceSpec {
+        plan,
+        sampling: greedy_sampling(),
+        max_frames: 4,
+    };
+    let err = backend.start(&spec).unwrap_err();
+    assert!(err.to_string().contains("speaker_vector"), "{err}");
+}

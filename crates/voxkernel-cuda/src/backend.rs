@@ -405,8 +405,8 @@ impl CudaBackend {
         let h = self.geometry.talker.hidden;
         ensure!(
             !prefill.is_empty()
-                && prefill.len() % h == 0
-                && trailing.len() % h == 0
+                && prefill.len().is_multiple_of(h)
+                && trailing.len().is_multiple_of(h)
                 && !trailing.is_empty(),
             "prefill ({}) and trailing ({}) must be non-empty whole rows of the talker width {h}",
             prefill.len(),

@@ -129,17 +129,17 @@ impl Geometry {
                 ("num_attention_heads * head_dim", s.q_width()),
             ] {
                 ensure!(
-                    width % 8 == 0 && width > 0,
+                    width.is_multiple_of(8) && width > 0,
                     "{name}.{field} = {width}: the CUDA backend needs a positive multiple of 8"
                 );
             }
             ensure!(
-                s.head_dim % 2 == 0 && s.head_dim <= 256,
+                s.head_dim.is_multiple_of(2) && s.head_dim <= 256,
                 "{name}.head_dim = {}: the CUDA backend supports even head_dim up to 256",
                 s.head_dim
             );
             ensure!(
-                s.n_kv > 0 && s.n_heads % s.n_kv == 0 && s.n_heads / s.n_kv < 16,
+                s.n_kv > 0 && s.n_heads.is_multiple_of(s.n_kv) && s.n_heads / s.n_kv < 16,
                 "{name}: num_attention_heads {} / num_key_value_heads {} must be a whole group of \
                  at most 15 heads",
                 s.n_heads,

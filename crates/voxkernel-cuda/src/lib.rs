@@ -1,1 +1,14 @@
-//! cuda
+//! voxkernel-cuda: the CUDA backend. One cooperative "megakernel" launch advances a batch of
+//! sequences by one audio frame (code predictor, sub-talker sampling, talker step, codebook-0
+//! sampling). Kernels are compiled at first use with NVRTC and cached on disk. This is the only
+//! crate with `unsafe` code.
+
+mod backend;
+pub mod bench;
+mod layout;
+pub mod runtime;
+pub mod weights;
+
+pub use backend::{CudaBackend, CudaOptions, ForcedStep};
+pub use layout::MAX_BATCH;
+pub use runtime::driver_available;

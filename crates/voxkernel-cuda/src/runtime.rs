@@ -1,0 +1,208 @@
+//! Finding the CUDA driver, compiling the kernel sources with NVRTC to a CUBIN for the device's
+//! architecture, and caching that CUBIN on disk.
+
+use std::ffi::{CString, c_char, c_int};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use cudarc::driver::{CudaContext, CudaModule};
+use cudarc::nvrtc::{Ptx, result as nvrtc_result, sys as nvrtc_sys};
+use sha2::{Digest, Sha256};
+
+/// The megakernel source: every kernel the backend launches lives in this one file.
+pub const FRAME_SOURCE: &str = include_str!("../kernels/frame.cu");
+
+/// Environment variable naming a prebuilt CUBIN (for example from `nvcc -cubin -arch=sm_90a`)
+/// to load instead of compiling `FRAME_SOURCE`.
+pub const CUBIN_ENV: &str = "VOXKERNEL_CUBIN";
+
+/// True when the CUDA driver library can be loaded. Every GPU entry point checks this first,
+/// because cudarc panics on first use when the library is missing.
+pub fn driver_available() -> bool {
+    // SAFETY: only tries to dlopen the driver library; calls nothing in it.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+fn nvrtc_available() -> bool {
+    // SAFETY: only tries to dlopen libnvrtc; calls nothing in it.
+    unsafe { nvrtc_sys::is_culib_present() }
+}
+
+/// Opens device 0, or says clearly why not.
+pub fn open_device() -> Result<Arc<CudaContext>> {
+    if !driver_available() {
+        bail!("no CUDA driver: libcuda could not be loaded (is an NVIDIA driver installed?)");
+    }
+    CudaContext::new(0).context("creating a CUDA context on device 0")
+}
+
+/// `sm_90a` on Hopper (the `a` target allows Hopper-only instructions), `sm_XY` elsewhere.
+pub fn arch_name(major: i32, minor: i32) -> String {
+    if major == 9 && minor == 0 {
+        "sm_90a".to_string()
+    } else {
+        format!("sm_{major}{minor}")
+    }
+}
+
+fn driver_version() -> Result<i32> {
+    let mut v: c_int = 0;
+    // SAFETY: the driver library is loaded (checked by open_device) and `v` is a valid out-pointer.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) }
+        .result()
+        .context("cuDriverGetVersion")?;
+    Ok(v)
+}
+
+fn cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("voxkernel"))
+}
+
+/// The cache key: the source, the target architecture and the driver version.
+pub fn cache_key(source: &str, arch: &str, driver: i32) -> String {
+    let mut h = Sha256::new();
+    h.update(source.as_bytes());
+    h.update(arch.as_bytes());
+    h.update(driver.to_le_bytes());
+    h.finalize()
+        .iter()
+        .take(16)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Loads the kernel module: the `VOXKERNEL_CUBIN` file when set, else the cached CUBIN, else a
+/// fresh NVRTC compile (stored in the cache for next time).
+pub fn load_module(ctx: &Arc<CudaContext>) -> Result<Arc<CudaModule>> {
+    let cubin = match std::env::var_os(CUBIN_ENV) {
+        Some(path) => std::fs::read(&path)
+            .with_context(|| format!("{CUBIN_ENV}={}: cannot read", Path::new(&path).display()))?,
+        None => {
+            let (major, minor) = ctx.compute_capability()?;
+            cached_or_compiled(&arch_name(major, minor), driver_version()?)?
+        }
+    };
+    ctx.load_module(Ptx::from_binary(cubin))
+        .context("loading the kernel CUBIN into the context")
+}
+
+fn cached_or_compiled(arch: &str, driver: i32) -> Result<Vec<u8>> {
+    let key = cache_key(FRAME_SOURCE, arch, driver);
+    let path = cache_dir().map(|d| d.join(format!("frame-{arch}-{key}.cubin")));
+    if let Some(p) = &path
+        && let Ok(bytes) = std::fs::read(p)
+    {
+        return Ok(bytes);
+    }
+    eprintln!("voxkernel: compiling the CUDA kernels for {arch} with NVRTC (once; cached)...");
+    let started = std::time::Instant::now();
+    let cubin = compile_cubin(FRAME_SOURCE, arch)?;
+    eprintln!(
+        "voxkernel: kernels compiled in {:.1} s",
+        started.elapsed().as_secs_f32()
+    );
+    if let Some(p) = &path {
+        // A cache that cannot be written only costs a recompile next time.
+        if let Some(dir) = p.parent()
+            && std::fs::create_dir_all(dir).is_ok()
+        {
+            let tmp = p.with_extension("tmp");
+            if std::fs::write(&tmp, &cubin).is_ok() {
+                let _ = std::fs::rename(&tmp, p);
+            }
+        }
+    }
+    Ok(cubin)
+}
+
+/// Compiles `source` to a CUBIN for `arch` (cudarc's safe API only returns PTX).
+pub fn compile_cubin(source: &str, arch: &str) -> Result<Vec<u8>> {
+    if !nvrtc_available() {
+        bail!(
+            "NVRTC (libnvrtc.so.13) could not be loaded: add the CUDA 13 lib directory to \
+             LD_LIBRARY_PATH, or set {CUBIN_ENV} to a prebuilt CUBIN"
+        );
+    }
+    let src = CString::new(source).context("kernel source contains a NUL byte")?;
+    let prog = nvrtc_result::create_program(&src, Some(c"frame.cu")).context("nvrtc create")?;
+    let options = [
+        format!("--gpu-architecture={arch}"),
+        "-std=c++17".to_string(),
+        "-lineinfo".to_string(),
+    ];
+    // SAFETY: `prog` was created above and is destroyed exactly once at the end.
+    let compiled = unsafe { nvrtc_result::compile_program(prog, &options) };
+    let outcome = match compiled {
+        Ok(()) => read_cubin(prog),
+        Err(e) => Err(anyhow::anyhow!(
+            "NVRTC failed to compile the kernels for {arch}: {e:?}\n{}",
+            program_log(prog)
+        )),
+    };
+    // SAFETY: see above; `prog` is not used after this.
+    unsafe { nvrtc_result::destroy_program(prog) }.context("nvrtc destroy")?;
+    outcome
+}
+
+fn read_cubin(prog: nvrtc_sys::nvrtcProgram) -> Result<Vec<u8>> {
+    let mut size = 0usize;
+    // SAFETY: `prog` is a successfully compiled program; `size` is a valid out-pointer.
+    unsafe { nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size) }
+        .result()
+        .context("nvrtcGetCUBINSize")?;
+    let mut cubin = vec![0u8; size];
+    // SAFETY: `cubin` has exactly the size NVRTC reported.
+    unsafe { nvrtc_sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut c_char) }
+        .result()
+        .context("nvrtcGetCUBIN")?;
+    Ok(cubin)
+}
+
+fn program_log(prog: nvrtc_sys::nvrtcProgram) -> String {
+    // SAFETY: `prog` is a valid program handle.
+    match unsafe { nvrtc_result::get_program_log(prog) } {
+        Ok(log) => {
+            let bytes: Vec<u8> = log
+                .iter()
+                .take_while(|&&c| c != 0)
+                .map(|&c| c as u8)
+                .collect();
+            String::from_utf8_lossy(&bytes).into_owned()
+        }
+        Err(e) => format!("(no log: {e:?})"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_key_changes_with_every_input() {
+        let base = cache_key("src", "sm_90a", 13000);
+        assert_ne!(base, cache_key("src2", "sm_90a", 13000));
+        assert_ne!(base, cache_key("src", "sm_89", 13000));
+        assert_ne!(base, cache_key("src", "sm_90a", 13010));
+        assert_eq!(base, cache_key("src", "sm_90a", 13000));
+    }
+
+    #[test]
+    fn hopper_gets_the_arch_specific_target() {
+        assert_eq!(arch_name(9, 0), "sm_90a");
+        assert_eq!(arch_name(8, 9), "sm_89");
+    }
+
+    #[test]
+    fn kernels_compile_when_nvrtc_is_present() {
+        if !nvrtc_available() {
+            println!("SKIP: no NVRTC library");
+            return;
+        }
+        let cubin = compile_cubin(FRAME_SOURCE, "sm_90a").expect("kernels compile");
+        assert_eq!(&cubin[..4], b"\x7fELF");
+    }
+}

@@ -1,0 +1,437 @@
+//! GPU parity against the official fixtures (tests/fixtures/parity, made by
+//! scripts/parity/make_fixtures.py with qwen-tts 0.1.1 in float32). Every test prints
+//! "SKIP: ..." and passes where there is no CUDA driver or no fixture tree.
+
+use std::path::{Path, PathBuf};
+
+use voxkernel_core::backend::{
+    FinishReason, Frame, FrameBackend, FrameEvent, SequenceSpec, SlotId,
+};
+use voxkernel_core::checkpoint::{Checkpoint, SafetensorsFile};
+use voxkernel_core::prompt::{CodecSource, PrefillRow, PromptPlan, TextMode};
+use voxkernel_core::sampling::{SamplerParams, SamplingConfig};
+use voxkernel_cuda::{CudaBackend, CudaOptions, driver_available};
+
+/// Codebook-0 logits must agree with the official float32 run to this relative error
+/// (max |diff| / max |official|); the kernel reads the same bf16 weights and keeps f32 activations.
+const LOGITS_REL_TOL: f32 = 1e-3;
+
+fn fixture_root() -> PathBuf {
+    std::env::var_os("VOXKERNEL_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/parity")
+        })
+}
+
+fn gpu_and_fixtures() -> bool {
+    if !driver_available() {
+        println!("SKIP: no CUDA driver");
+        return false;
+    }
+    if !fixture_root().is_dir() {
+        println!("SKIP: no fixtures at {}", fixture_root().display());
+        return false;
+    }
+    true
+}
+
+struct Case {
+    name: String,
+    json: serde_json::Value,
+    prefill: Vec<f32>,
+    trailing: Vec<f32>,
+    logits: Vec<Vec<f32>>,
+    codes: Vec<Frame>,
+}
+
+impl Case {
+    fn max_frames(&self) -> usize {
+        self.json["max_new_tokens"].as_u64().unwrap() as usize - 1
+    }
+    fn finished_by(&self) -> FinishReason {
+        match self.json["finished_by"].as_str().unwrap() {
+            "eos" => FinishReason::Eos,
+            _ => FinishReason::MaxFrames,
+        }
+    }
+}
+
+fn load_cases(ckpt_dir: &Path) -> Vec<Case> {
+    let mut names: Vec<String> = std::fs::read_dir(ckpt_dir.join("cases"))
+        .unwrap()
+        .filter_map(|e| {
+            let p = e.unwrap().path();
+            (p.extension()? == "json")
+                .then(|| p.file_stem().unwrap().to_string_lossy().into_owned())
+        })
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|name| {
+            let base = ckpt_dir.join("cases").join(&name);
+            let json: serde_json::Value = serde_json::from_str(
+                &std::fs::read_to_string(base.with_extension("json")).unwrap(),
+            )
+            .unwrap();
+            let t = SafetensorsFile::open(&base.with_extension("safetensors")).unwrap();
+            let (logits_flat, shape) = t.f32("logits_c0").unwrap();
+            let logits = logits_flat.chunks(shape[1]).map(<[f32]>::to_vec).collect();
+            let code_bytes = t.bytes("codes").unwrap();
+            let codes_flat: Vec<u32> = code_bytes
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32)
+                .collect();
+            let codes = codes_flat
+                .chunks(16)
+                .map(|c| <Frame>::try_from(c).unwrap())
+                .collect();
+            Case {
+                name,
+                json,
+                prefill: t.f32("prefill_embeds").unwrap().0,
+                trailing: t.f32("trailing_embeds").unwrap().0,
+                logits,
+                codes,
+            }
+        })
+        .collect()
+}
+
+fn checkpoints() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(fixture_root())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("config.json").is_file())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+fn greedy(ckpt: &Checkpoint, seed: u64) -> SamplingConfig {
+    let g = &ckpt.generation;
+    SamplingConfig {
+        talker: SamplerParams {
+            do_sample: false,
+            temperature: g.temperature,
+            top_k: g.top_k,
+            top_p: 1.0,
+            repetition_penalty: g.repetition_penalty,
+        },
+        subtalker: SamplerParams {
+            do_sample: false,
+            temperature: g.subtalker_temperature,
+            top_k: g.subtalker_top_k,
+            top_p: 1.0,
+            repetition_penalty: 1.0,
+        },
+        seed,
+    }
+}
+
+fn sampled(ckpt: &Checkpoint, seed: u64) -> SamplingConfig {
+    let mut s = greedy(ckpt, seed);
+    s.talker.do_sample = true;
+    s.subtalker.do_sample = true;
+    s
+}
+
+fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
+    let diff = got
+        .iter()
+        .zip(want)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    diff / scale
+}
+
+fn options() -> CudaOptions {
+    CudaOptions {
+        max_slots: 2,
+        max_len: 128,
+    }
+}
+
+fn run_to_end(backend: &mut CudaBackend, slot: SlotId) -> (Vec<Frame>, FinishReason) {
+    let mut frames = Vec::new();
+    loop {
+        match backend.step(&[slot]).unwrap()[0] {
+            FrameEvent::Frame(f) => frames.push(f),
+            FrameEvent::Finished(r) => return (frames, r),
+        }
+    }
+}
+
+#[test]
+fn greedy_codes_and_prefill_logits_match_official() {
+    if !gpu_and_fixtures() {
+        return;
+    }
+    let mut failures = Vec::new();
+    for dir in checkpoints() {
+        let ckpt = Checkpoint::open(&dir).unwrap();
+        let mut backend = CudaBackend::new(&ckpt, options()).unwrap();
+        for case in load_cases(&dir) {
+            let label = format!(
+                "{}/{}",
+                dir.file_name().unwrap().to_string_lossy(),
+                case.name
+            );
+            let slot = backend
+                .start_with_rows(
+                    &case.prefill,
+                    &case.trailing,
+                    greedy(&ckpt, 0),
+                    case.max_frames(),
+                )
+                .unwrap();
+            let err = rel_err(&backend.logits(slot).unwrap(), &case.logits[0]);
+            let (frames, reason) = run_to_end(&mut backend, slot);
+            backend.release(slot);
+            let agree = frames
+                .iter()
+                .zip(&case.codes)
+                .map(|(a, b)| a.iter().zip(b).filter(|(x, y)| x == y).count())
+                .sum::<usize>();
+            println!(
+                "{label}: prefill logits rel err {err:.2e}; frames {} (official {}); codes agree \
+                 {agree}/{}; finished {reason:?}",
+                frames.len(),
+                case.codes.len(),
+                16 * case.codes.len()
+            );
+            if err > LOGITS_REL_TOL || frames != case.codes || reason != case.finished_by() {
+                failures.push(label);
+            }
+        }
+    }
+    assert!(failures.is_empty(), "mismatches: {failures:?}");
+}
+
+#[test]
+fn teacher_forced_logits_match_official() {
+    if !gpu_and_fixtures() {
+        return;
+    }
+    let mut worst = 0f32;
+    for dir in checkpoints() {
+        let ckpt = Checkpoint::open(&dir).unwrap();
+        let eos = ckpt.config.talker.codec_eos_token_id;
+        let mut backend = CudaBackend::new(&ckpt, options()).unwrap();
+        for case in load_cases(&dir) {
+            let slot = backend
+                .start_with_rows(
+                    &case.prefill,
+                    &case.trailing,
+                    greedy(&ckpt, 0),
+                    case.max_frames(),
+                )
+                .unwrap();
+            for step in 0..case.logits.len() - 1 {
+                let next = case.codes.get(step + 1).map_or(eos, |f| f[0]);
+                let forced = backend.step_forced(slot, &case.codes[step], next).unwrap();
+                assert_eq!(
+                    forced.own_frame, case.codes[step],
+                    "{}: step {step}",
+                    case.name
+                );
+                let err = rel_err(&forced.logits, &case.logits[step + 1]);
+                worst = worst.max(err);
+                assert!(
+                    err <= LOGITS_REL_TOL,
+                    "{}/{} step {step}: rel err {err:.2e}",
+                    dir.display(),
+                    case.name
+                );
+            }
+            backend.release(slot);
+        }
+    }
+    println!("teacher-forced codebook-0 logits: worst rel err {worst:.2e}");
+}
+
+#[test]
+fn same_seed_gives_identical_sampled_frames() {
+    if !gpu_and_fixtures() {
+        return;
+    }
+    let dir = fixture_root().join("tiny-custom-voice");
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    let case = &load_cases(&dir)[0];
+    let mut backend = CudaBackend::new(&ckpt, options()).unwrap();
+    let mut run = |seed: u64| {
+        let slot = backend
+            .start_with_rows(&case.prefill, &case.trailing, sampled(&ckpt, seed), 12)
+            .unwrap();
+        let out = run_to_end(&mut backend, slot).0;
+        backend.release(slot);
+        out
+    };
+    let (a, b, c) = (run(7), run(7), run(8));
+    assert!(!a.is_empty());
+    assert_eq!(a, b, "same seed, different frames");
+    assert_ne!(a, c, "seeds 7 and 8 sampled identical frames");
+    for frame in &a {
+        assert!(
+            frame.iter().all(|&code| code < 2048),
+            "sampled a non-audio code: {frame:?}"
+        );
+    }
+}
+
+#[test]
+fn two_sequences_in_one_launch_match_running_alone() {
+    if !gpu_and_fixtures() {
+        return;
+    }
+    let dir = fixture_root().join("tiny-custom-voice");
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    let cases = load_cases(&dir);
+    let mut backend = CudaBackend::new(&ckpt, options()).unwrap();
+    let a = backend
+        .start_with_rows(
+            &cases[0].prefill,
+            &cases[0].trailing,
+            greedy(&ckpt, 0),
+            cases[0].max_frames(),
+        )
+        .unwrap();
+    let b = backend
+        .start_with_rows(
+            &cases[1].prefill,
+            &cases[1].trailing,
+            greedy(&ckpt, 0),
+            cases[1].max_frames(),
+        )
+        .unwrap();
+    let mut got = [Vec::new(), Vec::new()];
+    loop {
+        let events = backend.step(&[a, b]).unwrap();
+        let mut done = true;
+        for (i, e) in events.iter().enumerate() {
+            if let FrameEvent::Frame(f) = e {
+                got[i].push(*f);
+                done = false;
+            }
+        }
+        if done {
+            break;
+        }
+    }
+    assert_eq!(got[0], cases[0].codes, "{}", cases[0].name);
+    assert_eq!(got[1], cases[1].codes, "{}", cases[1].name);
+}
+
+/// The custom-voice prompt of qwen3-tts-spec.md §3.3 (non-ICL), built by hand from the case.
+fn custom_voice_plan(ckpt: &Checkpoint, case: &Case) -> PromptPlan {
+    let cfg = &ckpt.config;
+    let t = &cfg.talker;
+    let text_ids: Vec<u32> = case.json["text_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    let language = case.json["language"].as_str().unwrap();
+    let speaker = case.json["speaker"].as_str().unwrap();
+    let mut codec = vec![
+        t.codec_think_id,
+        t.codec_think_bos_id,
+        t.codec_language_id[language],
+        t.codec_think_eos_id,
+        t.spk_id[speaker],
+        t.codec_pad_id,
+        t.codec_bos_id,
+    ];
+    let bos = codec.pop().unwrap();
+    let mut prefill: Vec<PrefillRow> = [cfg.im_start_token_id, cfg.assistant_token_id, 198]
+        .iter()
+        .map(|&id| PrefillRow {
+            text_id: id,
+            codec: CodecSource::None,
+        })
+        .collect();
+    let last = codec.len() - 1;
+    for (i, &c) in codec.iter().enumerate() {
+        let text_id = if i == last {
+            cfg.tts_bos_token_id
+        } else {
+            cfg.tts_pad_token_id
+        };
+        prefill.push(PrefillRow {
+            text_id,
+            codec: CodecSource::Id(c),
+        });
+    }
+    let mode = match case.json["text_mode"].as_str().unwrap() {
+        "whole" => TextMode::Whole,
+        _ => TextMode::Streaming,
+    };
+    let trailing = match mode {
+        TextMode::Whole => {
+            for &id in text_ids.iter().chain([cfg.tts_eos_token_id].iter()) {
+                prefill.push(PrefillRow {
+                    text_id: id,
+                    codec: CodecSource::Id(t.codec_pad_id),
+                });
+            }
+            prefill.push(PrefillRow {
+                text_id: cfg.tts_pad_token_id,
+                codec: CodecSource::Id(bos),
+            });
+            Vec::new()
+        }
+        TextMode::Streaming => {
+            prefill.push(PrefillRow {
+                text_id: text_ids[0],
+                codec: CodecSource::Id(bos),
+            });
+            text_ids[1..]
+                .iter()
+                .copied()
+                .chain([cfg.tts_eos_token_id])
+                .collect()
+        }
+    };
+    PromptPlan {
+        prefill,
+        trailing,
+        tts_pad_id: cfg.tts_pad_token_id,
+        speaker_vector: None,
+        reference_codes: Vec::new(),
+    }
+}
+
+#[test]
+fn prompt_rows_built_on_the_gpu_reproduce_official_codes() {
+    if !gpu_and_fixtures() {
+        return;
+    }
+    let dir = fixture_root().join("tiny-custom-voice");
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    let mut backend = CudaBackend::new(&ckpt, options()).unwrap();
+    for case in load_cases(&dir)
+        .into_iter()
+        .filter(|c| c.name.starts_with("ryan_english") && c.json["instruct"].is_null())
+    {
+        let plan = custom_voice_plan(&ckpt, &case);
+        assert_eq!(
+            plan.prefill.len(),
+            case.json["prefill_len"].as_u64().unwrap() as usize
+        );
+        let spec = SequenceSpec {
+            plan,
+            sampling: greedy(&ckpt, 0),
+            max_frames: case.max_frames(),
+        };
+        let slot = backend.start(&spec).unwrap();
+        let err = rel_err(&backend.logits(slot).unwrap(), &case.logits[0]);
+        let (frames, _) = run_to_end(&mut backend, slot);
+        backend.release(slot);
+        println!("{}: plan prefill logits rel err {err:.2e}", case.name);
+        assert!(err <= LOGITS_REL_TOL, "{}: rel err {err:.2e}", case.name);
+        assert_eq!(frames, case.codes, "{}", case.name);
+    }
+}

@@ -279,14 +279,28 @@ fn official_schedule_departs_from_the_causal_decode_only_after_300_frames() {
     assert!(err.rms > 1e-3, "second chunk should differ: {err:?}");
 }
 
-/// Full-size check and timing (not run by default: needs a real-size speech tokenizer directory,
-/// e.g. a random one built with `/work/shared/refcheck/make_ckpt.py --size 0.6b`).
-/// `VOXKERNEL_CODEC_DIR=<dir>/speech_tokenizer cargo test --release -p voxkernel-core --test codec_decoder -- --ignored --nocapture`
+/// A random full-size codec is conditioned worse still (its waveform even reaches the clamp):
+/// there the official f32 decode is 1.3e-4 max abs / 2.6e-5 RMS from f64 on 12 frames.
+const FULL_SIZE_TOLERANCE: Tolerance = Tolerance {
+    max_abs: 1e-3,
+    rms: 1e-4,
+};
+
+/// Full-size check and timing (not run by default: needs a full-size speech tokenizer directory,
+/// e.g. a random one built with `make_ckpt.py --size 0.6b`, and optionally
+/// `VOXKERNEL_CODEC_CASE`, a safetensors file with `codes` i64 `[T, 16]` and the official `wav`).
+/// `VOXKERNEL_CODEC_DIR=<ckpt>/speech_tokenizer cargo test --release -p voxkernel-core --test codec_decoder -- --ignored --nocapture`
 #[test]
 #[ignore = "needs VOXKERNEL_CODEC_DIR pointing at a full-size speech_tokenizer directory"]
 fn full_size_stream_matches_one_pass() {
     let dir = std::env::var("VOXKERNEL_CODEC_DIR").expect("set VOXKERNEL_CODEC_DIR");
     let decoder = load_decoder(Path::new(&dir));
+    if let Ok(case) = std::env::var("VOXKERNEL_CODEC_CASE") {
+        let (frames, wav) = load_case(Path::new(&case));
+        let err = error(&decoder.decode(&frames).unwrap(), &wav);
+        println!("full size vs official: {err:?}");
+        assert!(err.within(FULL_SIZE_TOLERANCE), "vs official: {err:?}");
+    }
     let frames: Vec<Frame> = (0..24u32)
         .map(|t| std::array::from_fn(|g| (t * 977 + g as u32 * 131 + 7) % 2048))
         .collect();
@@ -301,7 +315,7 @@ fn full_size_stream_matches_one_pass() {
         "full size: one pass {one_pass_ms:.1} ms/frame, frame by frame {streamed_ms:.1} ms/frame, {err:?}"
     );
     assert!(
-        err.within(SPLIT_TOLERANCE),
+        err.within(FULL_SIZE_TOLERANCE),
         "frame by frame vs one pass: {err:?}"
     );
 }

@@ -307,12 +307,14 @@ fn validate(config: &CodecDecoderConfig, samples_per_frame: usize) -> Result<()>
         config.num_quantizers
     );
     ensure!(
-        config.codebook_dim % 2 == 0,
+        config.codebook_dim.is_multiple_of(2),
         "decoder_config.codebook_dim must be even (codebooks are codebook_dim / 2 wide), got {}",
         config.codebook_dim
     );
     ensure!(
-        config.decoder_dim % (1 << config.upsample_rates.len()) == 0,
+        config
+            .decoder_dim
+            .is_multiple_of(1 << config.upsample_rates.len()),
         "decoder_config.decoder_dim {} does not halve {} times",
         config.decoder_dim,
         config.upsample_rates.len()

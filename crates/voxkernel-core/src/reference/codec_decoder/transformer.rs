@@ -64,7 +64,7 @@ impl PreTransformer {
             config.num_key_value_heads
         );
         ensure!(
-            head_dim % 2 == 0,
+            head_dim.is_multiple_of(2),
             "decoder_config.head_dim must be even for RoPE, got {head_dim}"
         );
         ensure!(

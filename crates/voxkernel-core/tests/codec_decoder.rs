@@ -231,6 +231,19 @@ fn random_splits_of_a_long_sequence_match_one_pass_and_official() {
 }
 
 #[test]
+fn a_stream_can_move_into_another_thread() {
+    let decoder = load_decoder(&tiny_custom_voice().join("speech_tokenizer"));
+    let (frames, wav) = decoder_long();
+    let mut stream = decoder.stream().unwrap();
+    let head = stream.push(&frames[..45]).unwrap();
+    let tail = std::thread::spawn(move || stream.push(&frames[45..]).unwrap())
+        .join()
+        .unwrap();
+    let err = error(&[head, tail].concat(), &wav);
+    assert!(err.within(OFFICIAL_TOLERANCE), "{err:?}");
+}
+
+#[test]
 fn reset_restarts_the_stream_at_position_zero() {
     let decoder = load_decoder(&tiny_custom_voice().join("speech_tokenizer"));
     let (frames, wav) = decoder_long();

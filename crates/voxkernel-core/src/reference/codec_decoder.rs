@@ -4,7 +4,8 @@
 //! Every stage is causal, so the decoder is written once, as a stream: each layer consumes the
 //! new time steps plus the state it left behind (conv histories, transposed-conv overlap, a KV
 //! window per transformer layer with absolute RoPE positions). A one-pass decode is that stream
-//! fed the whole sequence, and any split of the frames gives the same samples. See
+//! fed the whole sequence, and any split of the frames computes the same function (equal up to
+//! f32 rounding of differently blocked matmuls). See
 //! `docs/codec.md` for the design and for how this differs from the official decode beyond
 //! 300 frames.
 
@@ -30,7 +31,7 @@ pub const OFFICIAL_CHUNK_FRAMES: usize = 300;
 pub const OFFICIAL_LEFT_CONTEXT_FRAMES: usize = 25;
 
 /// Frames per internal pass. Bounds memory (the last stage holds 1920 rows per frame) whatever
-/// size of push the caller makes; the result does not depend on it.
+/// size of push the caller makes; the result does not depend on it beyond f32 rounding.
 const FRAMES_PER_PASS: usize = 16;
 
 /// Kernel sizes and residual-unit dilations fixed by the official module definitions.
@@ -436,8 +437,9 @@ struct BlockState {
     units: Vec<[History; 2]>,
 }
 
-/// Incremental decode: the concatenated output of any sequence of pushes equals
-/// [`CodecDecoder::decode`] of all the frames pushed since the start (or the last reset).
+/// Incremental decode: the concatenated output of any sequence of pushes equals (up to f32
+/// rounding) [`CodecDecoder::decode`] of all the frames pushed since the start or the last reset.
+/// It owns an `Arc` of the decoder, so it is `Send + 'static` and can live in a session.
 pub struct CodecStream {
     decoder: Arc<CodecDecoder>,
     state: DecoderState,

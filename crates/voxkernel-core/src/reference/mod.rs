@@ -1,6 +1,7 @@
 //! The CPU reference backend (candle, f32): the executable specification the CUDA backend is
 //! judged against. One concept per file:
 //! - [`weights`]: checkpoint tensors as f32 candle tensors;
+//! - [`codec_decoder`]: the speech tokenizer's decoder (codes to waveform), one-pass and streaming;
 //! - [`transformer`]: the Qwen3 decoder stack shared by the talker and the code predictor;
 //! - [`embeddings`]: `TP`, `CE`, `FRAME` and the prompt plan's prefill and trailing rows;
 //! - [`talker`]: the talker and its codec head;
@@ -11,6 +12,7 @@
 
 mod backend;
 mod code_predictor;
+pub mod codec_decoder;
 mod embeddings;
 mod model;
 mod sequence;

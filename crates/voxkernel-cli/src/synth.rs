@@ -1,6 +1,7 @@
 //! `voxkernel synth`: one request, start to finish, to a WAV file.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
@@ -145,8 +146,10 @@ pub fn run(args: SynthArgs) -> Result<()> {
     let mut backend = select_backend(args.backend, &model)?;
     tracing::info!(backend = %backend.name(), "synthesising");
     let (frames, finish) = engine::generate(backend.as_mut(), &spec)?;
-    let codec = CodecDecoder::new(&model.checkpoint)?;
-    let pcm = codec.decode(&frames)?;
+    // The official schedule (300-frame chunks, 25 frames of context) so a synthesised WAV
+    // matches qwen-tts; streaming sessions decode exactly causally instead (docs/codec.md).
+    let codec = Arc::new(CodecDecoder::from_checkpoint(&model.checkpoint)?);
+    let pcm = codec.decode_official(&frames)?;
     write_wav(&args.output, &pcm)?;
     if let Some(path) = &args.codes_out {
         let json = serde_json::json!({ "codes": frames });

@@ -35,7 +35,7 @@ enum Command {
         text: String,
     },
     /// Synthesise speech to a 24 kHz mono WAV file.
-    Synth(synth::SynthArgs),
+    Synth(Box<synth::SynthArgs>),
 }
 
 fn main() -> std::process::ExitCode {
@@ -68,7 +68,7 @@ fn run(cli: Cli) -> Result<()> {
             let text_ids = tokenizer.target_text_ids(&text)?;
             println!("{}", serde_json::json!({ "text_ids": text_ids }));
         }
-        Command::Synth(args) => synth::run(args)?,
+        Command::Synth(args) => synth::run(*args)?,
     }
     Ok(())
 }

@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 echo "nvrtc: $NVRTC"
 
 echo "== tiny-checkpoint GPU parity tests"
-VOXKERNEL_FIXTURES="$PWD/tests/fixtures/parity" timeout 300 "$G/bin/parity" --test-threads=1 --nocapture 2>&1 \
+VOXKERNEL_FIXTURES="$PWD/tests/fixtures/parity" timeout 300 "$G/bin/parity" --include-ignored --test-threads=1 --nocapture 2>&1 \
   | grep -vE '^\s*$' | tee "$OUT/parity.log" | tail -40
 
 echo "== full-size 0.6B CustomVoice checkpoint (random weights, no EOS)"

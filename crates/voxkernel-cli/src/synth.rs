@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
@@ -145,11 +146,15 @@ pub fn run(args: SynthArgs) -> Result<()> {
 
     let mut backend = select_backend(args.backend, &model)?;
     tracing::info!(backend = %backend.name(), "synthesising");
+    let started = Instant::now();
     let (frames, finish) = engine::generate(backend.as_mut(), &spec)?;
+    let generate_s = started.elapsed().as_secs_f64();
     // The official schedule (300-frame chunks, 25 frames of context) so a synthesised WAV
     // matches qwen-tts; streaming sessions decode exactly causally instead (docs/codec.md).
     let codec = Arc::new(CodecDecoder::from_checkpoint(&model.checkpoint)?);
+    let started = Instant::now();
     let pcm = codec.decode_official(&frames)?;
+    let codec_s = started.elapsed().as_secs_f64();
     write_wav(&args.output, &pcm)?;
     if let Some(path) = &args.codes_out {
         let json = serde_json::json!({ "codes": frames });
@@ -160,6 +165,9 @@ pub fn run(args: SynthArgs) -> Result<()> {
         frames = frames.len(),
         seconds = pcm.len() as f64 / 24_000.0,
         finished_by = ?finish,
+        // Prefill included: a whole-request figure, not the per-frame kernel time.
+        decode_ms_per_frame = format!("{:.1}", 1e3 * generate_s / frames.len().max(1) as f64),
+        codec_ms_per_frame = format!("{:.1}", 1e3 * codec_s / frames.len().max(1) as f64),
         "wrote {}",
         args.output.display()
     );

@@ -144,7 +144,9 @@ pub fn run(args: SynthArgs) -> Result<()> {
         max_frames,
     };
 
-    let mut backend = select_backend(args.backend, &model)?;
+    // One request: size the KV cache to exactly what it can use.
+    let max_len = spec.plan.prefill.len() + spec.max_frames + 1;
+    let mut backend = select_backend(args.backend, &model, max_len)?;
     tracing::info!(backend = %backend.name(), "synthesising");
     let started = Instant::now();
     let (frames, finish) = engine::generate(backend.as_mut(), &spec)?;
@@ -174,16 +176,24 @@ pub fn run(args: SynthArgs) -> Result<()> {
     Ok(())
 }
 
-fn select_backend(choice: BackendChoice, model: &Model) -> Result<Box<dyn FrameBackend>> {
+fn select_backend(
+    choice: BackendChoice,
+    model: &Model,
+    max_len: usize,
+) -> Result<Box<dyn FrameBackend>> {
     let cuda = match choice {
         BackendChoice::Cpu => false,
         BackendChoice::Cuda => true,
         BackendChoice::Auto => voxkernel_cuda::driver_available(),
     };
     if cuda {
+        let options = voxkernel_cuda::CudaOptions {
+            max_slots: 1,
+            max_len,
+        };
         Ok(Box::new(voxkernel_cuda::CudaBackend::new(
             &model.checkpoint,
-            Default::default(),
+            options,
         )?))
     } else {
         Ok(Box::new(voxkernel_core::reference::ReferenceBackend::new(

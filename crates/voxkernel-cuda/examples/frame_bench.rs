@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use voxkernel_core::backend::{FrameBackend, FrameEvent, SequenceSpec};
 use voxkernel_core::checkpoint::Checkpoint;
-use voxkernel_core::prompt::{CodecSource, PrefillRow, PromptPlan};
+use voxkernel_core::prompt::{PromptPlan, PromptRequest, TextIds, TextMode, Voice, build_plan};
 use voxkernel_core::sampling::{SamplerParams, SamplingConfig};
 use voxkernel_cuda::{CudaBackend, CudaOptions};
 
@@ -44,58 +44,27 @@ fn parse_args() -> Result<Args> {
     Ok(args)
 }
 
-/// A short custom-voice style prompt (role prefix, control rows, a few text tokens).
-fn plan(ckpt: &Checkpoint) -> PromptPlan {
+/// A short prompt built by the real prompt builder: the first preset speaker of a CustomVoice
+/// checkpoint, else a designed voice with a one-token instruct.
+fn plan(ckpt: &Checkpoint) -> Result<PromptPlan> {
     let cfg = &ckpt.config;
-    let t = &cfg.talker;
-    let mut prefill: Vec<PrefillRow> = [cfg.im_start_token_id, cfg.assistant_token_id, 198]
-        .iter()
-        .map(|&id| PrefillRow {
-            text_id: id,
-            codec: CodecSource::None,
-        })
-        .collect();
-    for c in [
-        t.codec_nothink_id,
-        t.codec_think_bos_id,
-        t.codec_think_eos_id,
-    ] {
-        prefill.push(PrefillRow {
-            text_id: cfg.tts_pad_token_id,
-            codec: CodecSource::Id(c),
-        });
-    }
-    prefill.push(PrefillRow {
-        text_id: cfg.tts_bos_token_id,
-        codec: CodecSource::Id(t.codec_pad_id),
-    });
-    for id in [
-        9707,
-        1879,
-        11,
-        419,
-        374,
-        264,
-        1273,
-        13,
-        cfg.tts_eos_token_id,
-    ] {
-        prefill.push(PrefillRow {
-            text_id: id,
-            codec: CodecSource::Id(t.codec_pad_id),
-        });
-    }
-    prefill.push(PrefillRow {
-        text_id: cfg.tts_pad_token_id,
-        codec: CodecSource::Id(t.codec_bos_id),
-    });
-    PromptPlan {
-        prefill,
-        trailing: Vec::new(),
-        tts_pad_id: cfg.tts_pad_token_id,
-        speaker_vector: None,
-        reference_codes: Vec::new(),
-    }
+    let voice = match cfg.talker.spk_id.keys().next() {
+        Some(name) => Voice::Speaker(name.clone()),
+        None => Voice::Design,
+    };
+    let ids = TextIds {
+        // "Hello world, this is a test." in the Qwen2 vocabulary.
+        target: vec![9707, 1879, 11, 419, 374, 264, 1273, 13],
+        target_role: None,
+        instruct: matches!(voice, Voice::Design).then(|| vec![9707]),
+        reference: None,
+    };
+    let request = PromptRequest {
+        voice,
+        language: "english".into(),
+        text_mode: TextMode::Whole,
+    };
+    build_plan(cfg, &request, &ids)
 }
 
 fn percentile(sorted: &[f64], q: f64) -> f64 {
@@ -132,7 +101,7 @@ fn main() -> Result<()> {
         seed: 1,
     };
     let spec = SequenceSpec {
-        plan: plan(&ckpt),
+        plan: plan(&ckpt)?,
         sampling,
         max_frames: total,
     };

@@ -48,6 +48,30 @@ pub trait FrameBackend: Send {
     /// Advance every listed sequence by one frame. Events come back in the order of `slots`.
     /// A finished sequence keeps answering `Finished` until it is released.
     fn step(&mut self, slots: &[SlotId]) -> Result<Vec<FrameEvent>>;
+    /// Append text-track ids to the slot's trailing ids (streaming text mode, text arriving
+    /// while the sequence runs). Step `g` adds trailing id `g`, or `tts_pad` once they run out,
+    /// so the caller must append id `g` before step `g` when it wants it used.
+    fn append_trailing(&mut self, slot: SlotId, ids: &[u32]) -> Result<()>;
     /// Free the slot's KV cache and state.
     fn release(&mut self, slot: SlotId);
+}
+
+/// A codec-decoder stream owned by a [`CodecBackend`] (conv histories, transformer window).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CodecSlot(pub usize);
+
+/// The streaming codec decoder for many streams: frames in, 24 kHz mono f32 PCM out.
+pub trait CodecBackend: Send {
+    /// Human-readable backend and device name.
+    fn name(&self) -> String;
+    /// Output samples per frame (1920 at 24 kHz).
+    fn samples_per_frame(&self) -> usize;
+    /// A new stream at position 0.
+    fn open(&mut self) -> Result<CodecSlot>;
+    /// Decode each entry's frames, appended to its stream. Returns, per entry and in order,
+    /// exactly `frames.len() * samples_per_frame()` samples: the one-pass decode's samples for
+    /// those frames, whatever the split.
+    fn decode(&mut self, batch: &[(CodecSlot, &[Frame])]) -> Result<Vec<Vec<f32>>>;
+    /// Free the stream's state.
+    fn release(&mut self, slot: CodecSlot);
 }

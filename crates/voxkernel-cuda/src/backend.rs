@@ -119,6 +119,8 @@ pub struct CudaBackend {
     codes_host: PinnedHostSlice<i32>,
     slots: Vec<Option<SlotState>>,
     device_name: String,
+    /// The text-track id of the trailing row after the text runs out.
+    tts_pad_id: u32,
 }
 
 fn ptr<T>(slice: &CudaSlice<T>, stream: &Arc<CudaStream>) -> u64 {
@@ -373,6 +375,7 @@ impl CudaBackend {
             codes_host,
             slots: vec![None; slots],
             device_name,
+            tts_pad_id: checkpoint.config.tts_pad_token_id,
         })
     }
 
@@ -777,6 +780,30 @@ impl FrameBackend for CudaBackend {
             .into_iter()
             .map(|e| e.context("a slot got no event"))
             .collect()
+    }
+
+    fn append_trailing(&mut self, slot: SlotId, ids: &[u32]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let known = self.state(slot)?.trailing_len - 1;
+        let max_len = self.options.max_len;
+        ensure!(
+            known + ids.len() < max_len,
+            "{} trailing rows exceed max_len {max_len}",
+            known + ids.len() + 1
+        );
+        let mut rows = Vec::with_capacity(3 * (ids.len() + 1));
+        for &id in ids.iter().chain(std::iter::once(&self.tts_pad_id)) {
+            rows.extend_from_slice(&[self.text_id(id)?, CODEC_NONE, 0]);
+        }
+        let h = self.geometry.talker.hidden;
+        let out = self.base.trailing + ((slot.0 * max_len + known) * h * 4) as u64;
+        self.launch_embed(&rows, out)?;
+        if let Some(state) = self.slots[slot.0].as_mut() {
+            state.trailing_len += ids.len();
+        }
+        Ok(())
     }
 
     fn release(&mut self, slot: SlotId) {

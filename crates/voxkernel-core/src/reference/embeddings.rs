@@ -149,6 +149,11 @@ impl Embeddings {
         self.text.project(&ids)
     }
 
+    /// `text_projection(text_embedding[ids])` rows, for text appended to a running sequence.
+    pub(crate) fn project_text(&self, ids: &[u32]) -> Result<Tensor> {
+        self.text.project(ids)
+    }
+
     fn codec_track(&self, source: CodecSource, plan: &PromptPlan) -> Result<Tensor> {
         match source {
             CodecSource::None => Ok(Tensor::zeros(

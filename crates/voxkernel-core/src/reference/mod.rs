@@ -8,7 +8,7 @@
 //! - [`code_predictor`]: codebooks 1..15 of a frame;
 //! - [`model`]: everything loaded together, plus the parity taps;
 //! - [`sequence`]: the frame loop of one sequence (spec §3.5);
-//! - [`backend`]: [`ReferenceBackend`], the [`crate::backend::FrameBackend`] over sequences.
+//! - [`backend`]: [`ReferenceBackend`] and [`ReferenceCodec`], the backend traits on the CPU.
 
 mod backend;
 mod code_predictor;
@@ -20,5 +20,5 @@ mod talker;
 mod transformer;
 mod weights;
 
-pub use backend::ReferenceBackend;
+pub use backend::{ReferenceBackend, ReferenceCodec};
 pub use model::ReferenceModel;

@@ -72,6 +72,19 @@ impl Sequence {
         Ok(FrameEvent::Frame(frame))
     }
 
+    /// Inserts projected text rows before the final `tts_pad` row of `trailing`.
+    pub(crate) fn append_trailing(&mut self, model: &ReferenceModel, ids: &[u32]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let rows = model.embeddings.project_text(ids)?;
+        let known = self.trailing.dim(0)? - 1;
+        let pad = self.trailing.narrow(0, known, 1)?;
+        let head = self.trailing.narrow(0, 0, known)?;
+        self.trailing = Tensor::cat(&[&head, &rows, &pad], 0)?;
+        Ok(())
+    }
+
     /// Codebooks 1..15 of the pending frame.
     fn expand(&self, model: &ReferenceModel) -> Result<Frame> {
         let (seed, frame_index) = (self.sampling.seed, self.frames as u32);

@@ -1,8 +1,8 @@
-//! The streaming engine on the CUDA backend (tiny fixture checkpoint): sessions side by side
-//! give exactly the codes and PCM of their solo runs (CUDA frame kernel and CUDA codec), and text streamed in pieces (appended to
-//! running sequences) gives exactly what the whole text gives. Needs a CUDA GPU, so ignored by
-//! default (reported as ignored, never as passed); the GPU machine runs it with
-//! `--include-ignored`.
+//! The streaming engine on the CUDA backends (frame kernel and codec; tiny fixture checkpoint):
+//! sessions side by side give exactly the codes and PCM of their solo runs, and text streamed in
+//! pieces (appended to running sequences) gives exactly what the whole text gives. Needs a CUDA
+//! GPU, so ignored by default (reported as ignored, never as passed); the GPU machine runs it
+//! with `--include-ignored`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

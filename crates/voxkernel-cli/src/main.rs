@@ -1,6 +1,7 @@
 //! The `voxkernel` command. Thin: parsing and printing only; the work lives in voxkernel-core
 //! and voxkernel-cuda.
 
+mod serve;
 mod synth;
 
 use std::path::PathBuf;
@@ -36,6 +37,8 @@ enum Command {
     },
     /// Synthesise speech to a 24 kHz mono WAV file.
     Synth(Box<synth::SynthArgs>),
+    /// Serve the model: OpenAI-compatible HTTP speech and the WebSocket context protocol.
+    Serve(Box<serve::ServeArgs>),
 }
 
 fn main() -> std::process::ExitCode {
@@ -69,6 +72,7 @@ fn run(cli: Cli) -> Result<()> {
             println!("{}", serde_json::json!({ "text_ids": text_ids }));
         }
         Command::Synth(args) => synth::run(*args)?,
+        Command::Serve(args) => serve::run(*args)?,
     }
     Ok(())
 }

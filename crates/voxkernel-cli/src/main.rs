@@ -1,6 +1,8 @@
 //! The `voxkernel` command. Thin: parsing and printing only; the work lives in voxkernel-core
 //! and voxkernel-cuda.
 
+mod backends;
+mod bench;
 mod serve;
 mod synth;
 
@@ -37,6 +39,8 @@ enum Command {
     },
     /// Synthesise speech to a 24 kHz mono WAV file.
     Synth(Box<synth::SynthArgs>),
+    /// Benchmarks; prints JSON lines.
+    Bench(Box<bench::BenchArgs>),
     /// Serve the model: OpenAI-compatible HTTP speech and the WebSocket context protocol.
     Serve(Box<serve::ServeArgs>),
 }
@@ -48,6 +52,8 @@ fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Plain text into log files and pipes (a server's usual stderr).
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match run(Cli::parse()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -72,6 +78,7 @@ fn run(cli: Cli) -> Result<()> {
             println!("{}", serde_json::json!({ "text_ids": text_ids }));
         }
         Command::Synth(args) => synth::run(*args)?,
+        Command::Bench(args) => bench::run(*args)?,
         Command::Serve(args) => serve::run(*args)?,
     }
     Ok(())

@@ -6,14 +6,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use voxkernel_core::backend::{CodecBackend, FrameBackend};
 use voxkernel_core::engine::{Engine, EngineOptions, Model};
 use voxkernel_core::prompt::PlanLimits;
-use voxkernel_core::reference::codec_decoder::CodecDecoder;
-use voxkernel_core::reference::{ReferenceBackend, ReferenceCodec};
 use voxkernel_server::{Server, ServerOptions};
 
-use crate::synth::BackendChoice;
+use crate::backends::{self, BackendChoice};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -70,8 +67,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
         },
         ..EngineOptions::default()
     };
-    let frames = frame_backend(args.backend, &model, &options)?;
-    let codec = codec_backend(&model)?;
+    // Each slot holds a whole prompt (text, instruction and fixed rows) plus every frame.
+    let max_len = options.max_frames_cap + 2 * options.limits.max_text_tokens + 64;
+    let frames = backends::frame_backend(args.backend, &model, options.max_active, max_len)?;
+    let codec = backends::codec_backend(args.backend, &model, options.max_active)?;
     tracing::info!(frames = %frames.name(), codec = %codec.name(), "backends ready");
     let engine = Arc::new(Engine::start(Arc::clone(&model), frames, codec, options)?);
 
@@ -115,39 +114,6 @@ fn model_id(model: &str) -> String {
         Some(name) if path.is_dir() => name.to_string_lossy().into_owned(),
         _ => model.to_string(),
     }
-}
-
-fn frame_backend(
-    choice: BackendChoice,
-    model: &Model,
-    options: &EngineOptions,
-) -> Result<Box<dyn FrameBackend>> {
-    let cuda = match choice {
-        BackendChoice::Cpu => false,
-        BackendChoice::Cuda => true,
-        BackendChoice::Auto => voxkernel_cuda::driver_available(),
-    };
-    if cuda {
-        // Each slot holds a whole prompt (text, instruction and fixed rows) plus every frame.
-        let max_len = options.max_frames_cap + 2 * options.limits.max_text_tokens + 64;
-        let cuda_options = voxkernel_cuda::CudaOptions {
-            max_slots: options.max_active,
-            max_len,
-        };
-        Ok(Box::new(voxkernel_cuda::CudaBackend::new(
-            &model.checkpoint,
-            cuda_options,
-        )?))
-    } else {
-        Ok(Box::new(ReferenceBackend::new(&model.checkpoint)?))
-    }
-}
-
-/// The codec backend, for every frame backend: the CPU reference for now.
-/// TODO(lead): with `--backend cuda`, use `voxkernel_cuda::CudaCodec` here once it lands.
-fn codec_backend(model: &Model) -> Result<Box<dyn CodecBackend>> {
-    let decoder = Arc::new(CodecDecoder::from_checkpoint(&model.checkpoint)?);
-    Ok(Box::new(ReferenceCodec::new(decoder)))
 }
 
 /// SIGTERM or Ctrl-C.

@@ -200,6 +200,7 @@ class RecordingTTS(VoxkernelTTSService):
         self.wire_audio: list[tuple[float, str, int]] = []  # (t, context_id, samples)
         self.done: list[tuple[float, str, str, dict]] = []
         self.connects = 0
+        self.connect_times: list[float] = []
 
         @self.event_handler("on_context_done")
         async def _on_done(_tts, context_id, finish_reason, usage):
@@ -208,6 +209,7 @@ class RecordingTTS(VoxkernelTTSService):
         @self.event_handler("on_connected")
         async def _on_connected(_tts):
             self.connects += 1
+            self.connect_times.append(time.monotonic())
 
     async def _send(self, msg):
         await super()._send(msg)

@@ -68,6 +68,17 @@ def kinds(frames, *types) -> list[str]:
     return [type(f).__name__ for f in frames if isinstance(f, types)]
 
 
+def until(predicate, timeout: float):
+    """SleepFrames until predicate() holds (or the timeout passes).
+
+    run_test iterates over frames_to_send as it sends them, so a generator can
+    wait for what the service has done so far before it sends the next frame.
+    """
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        yield SleepFrame(sleep=0.05)
+
+
 async def wait_for(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -169,14 +180,27 @@ async def test_sentence_aggregation_appends_sentences_to_one_context(server):
 async def test_interruption_cancels_and_drops_late_audio(server):
     tts = make_tts(server)
     rec = FrameRecorder(tts)
-    frames = (
-        # The reply is still streaming in when the user barges in.
-        llm_turn(LONG_REPLY, gap=0.04, end=False)[:20]
-        + [SleepFrame(0.6), InterruptionFrame(), SleepFrame(1.0)]
-        + llm_turn("OK, stopping. What else?")
-        + [SleepFrame(0.1)]
-    )
-    down, up = await run_test(tts, frames_to_send=frames, observers=[rec])
+
+    def first_context_done():
+        return any(reason == "cancelled" for _, _, reason, _ in tts.done)
+
+    def script():
+        # The reply is still streaming in when the user barges in, a moment
+        # after its audio has started.
+        turn = llm_turn(LONG_REPLY, gap=0.05, end=False)
+        yield from turn[:12]
+        yield from until(lambda: rec.of(TTSAudioRawFrame), 60)
+        yield from turn[12:20]
+        # (InterruptionFrame is a system frame: it would overtake text frames
+        # still queued in front of it.)
+        yield SleepFrame(0.2)
+        yield InterruptionFrame()
+        # Late audio of the cancelled context has time to arrive (and be dropped).
+        yield from until(first_context_done, 10)
+        yield SleepFrame(0.3)
+        yield from llm_turn("OK, stopping. What else?")
+
+    down, up = await run_test(tts, frames_to_send=script(), observers=[rec])
     assert not [f for f in up if isinstance(f, ErrorFrame)], up
 
     started = [f for f in down if isinstance(f, TTSStartedFrame)]
@@ -280,32 +304,39 @@ async def test_reconnects_after_server_restart(own_server):
     tts = make_tts(own_server)
     rec = FrameRecorder(tts)
     restarted = asyncio.Event()
+    speak_again_at: list[float] = []
 
     async def chaos():
         # Kill the server once the first utterance is over, then bring it back.
-        await wait_for(lambda: rec.of(TTSStoppedFrame), 60, "the first utterance")
+        await wait_for(lambda: rec.of(TTSStoppedFrame), 120, "the first utterance")
         await asyncio.to_thread(own_server.kill)
         await asyncio.sleep(0.5)
         await asyncio.to_thread(own_server.start)
         restarted.set()
 
-    frames = [
-        TTSSpeakFrame("Before the restart."),
-        SleepFrame(6.0),
-        TTSSpeakFrame("After the restart."),
-        SleepFrame(0.5),
-    ]
+    def script():
+        yield TTSSpeakFrame("Before the restart.")
+        yield from until(restarted.is_set, 180)
+        # The service reconnects by itself, before it is asked to speak again.
+        yield from until(lambda: tts.connects >= 2, 40)
+        speak_again_at.append(time.monotonic())
+        yield TTSSpeakFrame("After the restart.")
+
     (down, up), _ = await asyncio.gather(
-        run_test(tts, frames_to_send=frames, observers=[rec]), chaos()
+        run_test(tts, frames_to_send=script(), observers=[rec]), chaos()
     )
     assert restarted.is_set()
     assert own_server.starts == 2
+    assert tts.connects >= 2, tts.connects
+    assert tts.connect_times[1] < speak_again_at[0], "reconnected only when asked to speak"
     stops = [f for f in down if isinstance(f, TTSStoppedFrame)]
     assert len(stops) == 2, kinds(down, TTSStartedFrame, TTSStoppedFrame)
     second = stops[1].context_id
     assert_one_context_in_order(down, second)
-    assert tts.connects >= 2, tts.connects
     assert tts.is_usable
+    # The lost connection was reported (and only as transient errors).
+    errors = [f for f in up if isinstance(f, ErrorFrame)]
+    assert errors and all(not e.category.is_permanent for e in errors), errors
 
 
 async def test_api_key(tmp_path_factory):

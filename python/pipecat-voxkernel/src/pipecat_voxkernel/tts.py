@@ -250,6 +250,7 @@ class VoxkernelTTSService(WebsocketTTSService):
         self._open_contexts: set[str] = set()  # `speak` sent, no `done` yet
         self._flushed_contexts: set[str] = set()  # `flush` sent
         self._cancelled_contexts: set[str] = set()  # `cancel` sent, no `done` yet
+        self._failed_contexts: set[str] = set()  # closed by an error: send no more text
         self._audio_started: set[str] = set()  # contexts whose first audio arrived
         self._resamplers: dict[str, BaseAudioResampler] = {}
         self._odd_bytes: dict[str, bytes] = {}
@@ -369,6 +370,7 @@ class VoxkernelTTSService(WebsocketTTSService):
         self._open_contexts.clear()
         self._flushed_contexts.clear()
         self._cancelled_contexts.clear()
+        self._failed_contexts.clear()
         self._audio_started.clear()
         self._resamplers.clear()
         self._odd_bytes.clear()
@@ -413,6 +415,11 @@ class VoxkernelTTSService(WebsocketTTSService):
         Yields:
             None, or an ErrorFrame if the text could not be sent.
         """
+        if context_id in self._failed_contexts:
+            # The server closed this context with an error, already reported;
+            # the rest of the turn's text would only repeat it.
+            yield None
+            return
         if not self._websocket or self._websocket.state is not State.OPEN:
             await self._connect()
         msg: dict[str, Any] = {"type": "speak", "context_id": context_id, "text": text}
@@ -424,6 +431,7 @@ class VoxkernelTTSService(WebsocketTTSService):
         try:
             await self._send(msg)
         except Exception as e:
+            self._failed_contexts.add(context_id)
             yield ErrorFrame(
                 error=f"{self}: cannot send text to the server: {e}",
                 exception=e,
@@ -469,11 +477,31 @@ class VoxkernelTTSService(WebsocketTTSService):
         if context_id in self._open_contexts:
             self._open_contexts.discard(context_id)
             self._cancelled_contexts.add(context_id)
+            logger.debug(f"{self}: cancelling context {context_id}")
             try:
                 await self._send({"type": "cancel", "context_id": context_id})
             except Exception as e:
                 logger.warning(f"{self}: cannot cancel context {context_id}: {e}")
         await super().on_audio_context_interrupted(context_id)
+
+    async def on_audio_context_completed(self, context_id: str):
+        """Flush a context the base class closed while its text was still open.
+
+        Contexts normally end with the server's ``done``. A context that is not
+        the current turn's and was never flushed (its turn is over, e.g. text
+        that arrived after an interruption) would otherwise wait on the server
+        for text that never comes.
+
+        Args:
+            context_id: The context that finished playing.
+        """
+        if (
+            context_id in self._open_contexts
+            and context_id not in self._flushed_contexts
+            and context_id != self._turn_context_id
+        ):
+            await self.flush_audio(context_id)
+        await super().on_audio_context_completed(context_id)
 
     #
     # Server → client
@@ -602,6 +630,7 @@ class VoxkernelTTSService(WebsocketTTSService):
 
         if isinstance(context_id, str):
             # An error tied to a context closes that context on the server.
+            self._failed_contexts.add(context_id)
             self._open_contexts.discard(context_id)
             self._flushed_contexts.discard(context_id)
             self._resamplers.pop(context_id, None)

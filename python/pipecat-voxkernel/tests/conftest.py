@@ -198,6 +198,7 @@ class RecordingTTS(VoxkernelTTSService):
         super().__init__(**kwargs)
         self.sent: list[tuple[float, dict]] = []
         self.wire_audio: list[tuple[float, str, int]] = []  # (t, context_id, samples)
+        self.wire_audio_bytes: list[int] = []  # PCM bytes of each audio message
         self.done: list[tuple[float, str, str, dict]] = []
         self.connects = 0
         self.connect_times: list[float] = []
@@ -220,6 +221,7 @@ class RecordingTTS(VoxkernelTTSService):
             h = message[0]
             ctx = message[1:h].decode("utf-8", errors="replace")
             self.wire_audio.append((time.monotonic(), ctx, (len(message) - h) // 2))
+            self.wire_audio_bytes.append(len(message) - h)
         await super()._handle_audio(message)
 
     def sent_of(self, kind: str, context_id: str | None = None) -> list[tuple[float, dict]]:

@@ -135,6 +135,28 @@ async def test_speak_frame_order_and_audio(server):
     assert usage["frames"] * FRAME_SAMPLES == samples, (usage, samples)
 
 
+async def test_wire_format_matches_protocol_doc(server):
+    """What docs/protocol.md promises about audio messages and `done`."""
+    tts = make_tts(server)
+    await run_test(tts, frames_to_send=[TTSSpeakFrame("One more sentence to check."), SleepFrame(0.1)])
+    (ctx,) = {c for _, c, _ in tts.wire_audio}
+    # Whole samples in every message.
+    assert all(n % 2 == 0 for n in tts.wire_audio_bytes), tts.wire_audio_bytes
+    # "The first audio message of a context comes after its first frame (1920
+    # samples, 80 ms); later messages grow (2, 4, 8 frames, then 8 each)."
+    frames = [n / FRAME_SAMPLES for _, _, n in tts.wire_audio]
+    expected = [1, 2, 4] + [8] * max(0, len(frames) - 3)
+    assert frames[:-1] == expected[: len(frames) - 1], frames
+    assert 0 < frames[-1] <= expected[len(frames) - 1], frames
+    # `done` usage: frames, audio seconds, time to first audio, RTF.
+    ((_, _, reason, usage),) = tts.done_of(ctx)
+    assert reason in ("eos", "max_frames", "runaway_guard"), reason
+    total = sum(n for _, _, n in tts.wire_audio)
+    assert usage["frames"] * FRAME_SAMPLES == total, (usage, total)
+    assert abs(usage["audio_seconds"] - total / 24000) < 1e-3, usage
+    assert usage["time_to_first_audio_ms"] > 0 and usage["rtf"] > 0, usage
+
+
 async def test_llm_turn_streams_audio_before_text_is_complete(server):
     """Audio of a turn arrives while its text is still streaming in."""
     tts = make_tts(server)
@@ -301,21 +323,24 @@ async def test_unknown_voice_is_an_error_frame(server):
 
 
 async def test_reconnects_after_server_restart(own_server):
+    """The server dies mid-utterance and comes back: the service reconnects and speaks again."""
     tts = make_tts(own_server)
     rec = FrameRecorder(tts)
     restarted = asyncio.Event()
+    killed_at: list[float] = []
     speak_again_at: list[float] = []
 
     async def chaos():
-        # Kill the server once the first utterance is over, then bring it back.
-        await wait_for(lambda: rec.of(TTSStoppedFrame), 120, "the first utterance")
+        # Kill the server while the first utterance is playing, then bring it back.
+        await wait_for(lambda: rec.of(TTSAudioRawFrame), 60, "the first audio")
+        killed_at.append(time.monotonic())
         await asyncio.to_thread(own_server.kill)
         await asyncio.sleep(0.5)
         await asyncio.to_thread(own_server.start)
         restarted.set()
 
     def script():
-        yield TTSSpeakFrame("Before the restart.")
+        yield TTSSpeakFrame(LONG_REPLY)
         yield from until(restarted.is_set, 180)
         # The service reconnects by itself, before it is asked to speak again.
         yield from until(lambda: tts.connects >= 2, 40)
@@ -325,18 +350,28 @@ async def test_reconnects_after_server_restart(own_server):
     (down, up), _ = await asyncio.gather(
         run_test(tts, frames_to_send=script(), observers=[rec]), chaos()
     )
-    assert restarted.is_set()
-    assert own_server.starts == 2
+    assert restarted.is_set() and own_server.starts == 2
     assert tts.connects >= 2, tts.connects
     assert tts.connect_times[1] < speak_again_at[0], "reconnected only when asked to speak"
-    stops = [f for f in down if isinstance(f, TTSStoppedFrame)]
-    assert len(stops) == 2, kinds(down, TTSStartedFrame, TTSStoppedFrame)
-    second = stops[1].context_id
+
+    started = [f.context_id for f in down if isinstance(f, TTSStartedFrame)]
+    assert len(started) == 2, kinds(down, TTSStartedFrame, TTSStoppedFrame)
+    first, second = started
+    # The utterance cut short still ends with a TTSStoppedFrame, promptly (not
+    # after an idle timeout), and no audio of it comes after that.
+    first_frames = [p for p in rec.downstream if getattr(p.frame, "context_id", None) == first]
+    assert isinstance(first_frames[-1].frame, TTSStoppedFrame), [
+        type(p.frame).__name__ for p in first_frames[-3:]
+    ]
+    assert first_frames[-1].t - killed_at[0] < 2.5
+    # The next utterance, on the new connection, is whole.
     assert_one_context_in_order(down, second)
+    assert tts.done_of(second)
     assert tts.is_usable
-    # The lost connection was reported (and only as transient errors).
+    # The lost connection was reported, as transient errors only.
     errors = [f for f in up if isinstance(f, ErrorFrame)]
-    assert errors and all(not e.category.is_permanent for e in errors), errors
+    assert any("connection lost" in e.error for e in errors), errors
+    assert all(not e.category.is_permanent for e in errors), errors
 
 
 async def test_api_key(tmp_path_factory):

@@ -62,10 +62,9 @@ pocketsphinx = pytest.importorskip(
 IN_RATE = 16000
 CHUNK_S = 0.02
 USER_SAYS = "What is the capital of France?"
-REPLY = (
-    "The capital of France is Paris. It has been the capital for many centuries, "
-    "and it sits on the river Seine. Is there anything else you would like to know?"
-)
+# Short: the tiny random checkpoint rarely emits EOS, so the reply runs to the server's
+# runaway guard (50 frames + 20 per text token).
+REPLY = "The capital of France is Paris. Anything else?"
 
 
 #
@@ -166,7 +165,7 @@ class PocketSphinxSTTService(SegmentedSTTService):
 
 
 class LLMStub:
-    def __init__(self, reply: str, token_gap: float = 0.05):
+    def __init__(self, reply: str, token_gap: float = 0.15):
         self.reply = reply
         self.token_gap = token_gap
         self.requests: list[dict] = []
@@ -270,11 +269,11 @@ async def test_offline_voice_agent_turn(server, tmp_path):
 
         async def feed_microphone():
             # Real-time 20 ms chunks: the speech, then silence until the reply
-            # has been spoken (or a minute has gone by).
+            # has been spoken (or two minutes have gone by).
             step = int(IN_RATE * CHUNK_S) * 2
             t0 = time.monotonic()
             sent = 0
-            deadline = t0 + 60
+            deadline = t0 + 120
             while time.monotonic() < deadline:
                 if sent < len(speech):
                     chunk = speech[sent : sent + step]
@@ -303,7 +302,7 @@ async def test_offline_voice_agent_turn(server, tmp_path):
     transcripts = [p.frame.text for p in rec.downstream if isinstance(p.frame, TranscriptionFrame)]
     assert transcripts and transcripts[0].strip(), "PocketSphinx heard nothing"
     # The LLM was asked, with the transcript as the user's message.
-    assert llm_stub.requests, "the LLM stub got no request"
+    assert len(llm_stub.requests) == 1, (transcripts, llm_stub.requests)
     user_msgs = [m for m in llm_stub.requests[0]["messages"] if m["role"] == "user"]
     assert user_msgs and user_msgs[-1]["content"].strip() == transcripts[0].strip()
 
@@ -312,7 +311,7 @@ async def test_offline_voice_agent_turn(server, tmp_path):
     # LLM had even finished streaming the reply's text.
     assert sink.audio, "no reply audio reached the output"
     contexts = {f.context_id for _, f in sink.audio}
-    assert len(contexts) == 1, contexts
+    assert len(contexts) == 1, (contexts, transcripts)
     (ctx,) = contexts
     ((t_done, _, reason, usage),) = tts.done_of(ctx)
     assert reason != "cancelled", usage

@@ -629,6 +629,11 @@ class VoxkernelTTSService(WebsocketTTSService):
         category = _ERROR_CATEGORIES.get(code, ErrorCategory.UNKNOWN)
 
         if isinstance(context_id, str):
+            if context_id not in self._open_contexts and category.is_permanent:
+                # Text sent while the server was ending the context (its `done`
+                # crossed our `speak`) reached a context it had already closed.
+                # That says nothing about the settings, so it is not permanent.
+                category = ErrorCategory.UNKNOWN
             # An error tied to a context closes that context on the server.
             self._failed_contexts.add(context_id)
             self._open_contexts.discard(context_id)

@@ -1,6 +1,8 @@
 //! The `voxkernel` command. Thin: parsing and printing only; the work lives in voxkernel-core
 //! and voxkernel-cuda.
 
+mod backends;
+mod bench;
 mod synth;
 
 use std::path::PathBuf;
@@ -36,6 +38,8 @@ enum Command {
     },
     /// Synthesise speech to a 24 kHz mono WAV file.
     Synth(Box<synth::SynthArgs>),
+    /// Benchmarks; prints JSON lines.
+    Bench(Box<bench::BenchArgs>),
 }
 
 fn main() -> std::process::ExitCode {
@@ -69,6 +73,7 @@ fn run(cli: Cli) -> Result<()> {
             println!("{}", serde_json::json!({ "text_ids": text_ids }));
         }
         Command::Synth(args) => synth::run(*args)?,
+        Command::Bench(args) => bench::run(*args)?,
     }
     Ok(())
 }

@@ -6,19 +6,13 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
-use voxkernel_core::backend::{FrameBackend, SequenceSpec};
+use voxkernel_core::backend::SequenceSpec;
 use voxkernel_core::config::ModelType;
 use voxkernel_core::engine::{self, Model, SamplerOverrides, SpeechRequest};
 use voxkernel_core::prompt::{TextMode, Voice};
 use voxkernel_core::reference::codec_decoder::CodecDecoder;
 
-#[derive(Clone, Copy, ValueEnum)]
-pub enum BackendChoice {
-    /// CUDA when a driver is present, else CPU.
-    Auto,
-    Cpu,
-    Cuda,
-}
+use crate::backends::{self, BackendChoice};
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum TextModeArg {
@@ -146,7 +140,7 @@ pub fn run(args: SynthArgs) -> Result<()> {
 
     // One request: size the KV cache to exactly what it can use.
     let max_len = spec.plan.prefill.len() + spec.max_frames + 1;
-    let mut backend = select_backend(args.backend, &model, max_len)?;
+    let mut backend = backends::frame_backend(args.backend, &model, 1, max_len)?;
     tracing::info!(backend = %backend.name(), "synthesising");
     let started = Instant::now();
     let (frames, finish) = engine::generate(backend.as_mut(), &spec)?;
@@ -174,32 +168,6 @@ pub fn run(args: SynthArgs) -> Result<()> {
         args.output.display()
     );
     Ok(())
-}
-
-fn select_backend(
-    choice: BackendChoice,
-    model: &Model,
-    max_len: usize,
-) -> Result<Box<dyn FrameBackend>> {
-    let cuda = match choice {
-        BackendChoice::Cpu => false,
-        BackendChoice::Cuda => true,
-        BackendChoice::Auto => voxkernel_cuda::driver_available(),
-    };
-    if cuda {
-        let options = voxkernel_cuda::CudaOptions {
-            max_slots: 1,
-            max_len,
-        };
-        Ok(Box::new(voxkernel_cuda::CudaBackend::new(
-            &model.checkpoint,
-            options,
-        )?))
-    } else {
-        Ok(Box::new(voxkernel_core::reference::ReferenceBackend::new(
-            &model.checkpoint,
-        )?))
-    }
 }
 
 fn write_wav(path: &std::path::Path, pcm: &[f32]) -> Result<()> {

@@ -161,6 +161,21 @@ pub fn build_plan(
     build_plan_with_limits(config, request, ids, PlanLimits::default())
 }
 
+/// Checks the voice, language and instruct of a request against the model without any text,
+/// so a server can reject a bad request before the text arrives. `build_plan_with_limits` runs
+/// the same checks.
+pub fn check_request(
+    config: &ModelConfig,
+    request: &PromptRequest,
+    instruct: Option<&[u32]>,
+    limits: PlanLimits,
+) -> Result<()> {
+    resolve_speaker(config, &request.voice)?;
+    resolve_language(config, &request.language, &request.voice)?;
+    resolve_instruct(config, &request.voice, instruct, limits)?;
+    Ok(())
+}
+
 /// Lays out the talker input exactly as `Qwen3TTSForConditionalGeneration.generate` does
 /// (modeling_qwen3_tts.py:2022-2241, ICL in `generate_icl_prompt`), after validating the
 /// request against the model.

@@ -1,4 +1,20 @@
 //! The backend-agnostic synthesis flow: request -> prompt plan -> frames -> PCM.
+//!
+//! - [`Model`], [`SpeechRequest`], [`generate`]: one request run to its end (the CLI's `synth`);
+//! - [`Engine`]: many streaming sessions sharing the backends, frame by frame ([`scheduler`]),
+//!   steered through [`Session`]s ([`session`]), with text that may arrive piece by piece
+//!   ([`text`]).
+
+mod scheduler;
+mod session;
+mod text;
+
+pub use scheduler::{Engine, EngineOptions, OpenError};
+pub use session::{
+    AudioChunk, ChunkSchedule, EndReason, EngineStats, RunawayGuard, Session, SessionEvent,
+    SessionEvents, SessionHandle, SessionRequest, Usage,
+};
+pub use text::IncrementalText;
 
 use std::path::Path;
 

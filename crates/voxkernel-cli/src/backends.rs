@@ -1,0 +1,56 @@
+//! Which frame and codec backends a command runs on.
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use clap::ValueEnum;
+use voxkernel_core::backend::{CodecBackend, FrameBackend};
+use voxkernel_core::engine::Model;
+use voxkernel_core::reference::codec_decoder::CodecDecoder;
+use voxkernel_core::reference::{ReferenceBackend, ReferenceCodec};
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum BackendChoice {
+    /// CUDA when a driver is present, else CPU.
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl BackendChoice {
+    pub fn is_cuda(self) -> bool {
+        match self {
+            BackendChoice::Cpu => false,
+            BackendChoice::Cuda => true,
+            BackendChoice::Auto => voxkernel_cuda::driver_available(),
+        }
+    }
+}
+
+/// The frame backend with room for `slots` sequences of up to `max_len` talker positions
+/// (prompt + frames) each.
+pub fn frame_backend(
+    choice: BackendChoice,
+    model: &Model,
+    slots: usize,
+    max_len: usize,
+) -> Result<Box<dyn FrameBackend>> {
+    if choice.is_cuda() {
+        let options = voxkernel_cuda::CudaOptions {
+            max_slots: slots,
+            max_len,
+        };
+        Ok(Box::new(voxkernel_cuda::CudaBackend::new(
+            &model.checkpoint,
+            options,
+        )?))
+    } else {
+        Ok(Box::new(ReferenceBackend::new(&model.checkpoint)?))
+    }
+}
+
+/// The streaming codec decoder.
+pub fn codec_backend(model: &Model) -> Result<Box<dyn CodecBackend>> {
+    let decoder = Arc::new(CodecDecoder::from_checkpoint(&model.checkpoint)?);
+    Ok(Box::new(ReferenceCodec::new(decoder)))
+}

@@ -1,0 +1,204 @@
+//! `voxkernel bench --e2e`: whole sessions through the engine, as a server runs them: time to
+//! first audio, real-time factor, and where each frame's time goes, per concurrency level.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use serde_json::json;
+use voxkernel_core::engine::{
+    Engine, EngineOptions, EngineStats, Model, SessionEvent, SessionRequest, Usage,
+};
+use voxkernel_core::prompt::Voice;
+use voxkernel_core::sampling::SamplingConfig;
+
+use crate::backends::{self, BackendChoice};
+
+/// The sentence `run_peers.sh` gives the other systems, so the numbers compare.
+const PEER_TEXT: &str =
+    "The quick brown fox jumps over the lazy dog, and then it runs far away into the forest.";
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Checkpoint directory or hub id.
+    #[arg(long)]
+    model: String,
+    /// Benchmark whole sessions through the engine (time to first audio, RTF).
+    #[arg(long)]
+    e2e: bool,
+    /// Sessions running at once, one JSON line each.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
+    concurrency: Vec<usize>,
+    /// Frames per session (80 ms each); the checkpoint should not stop early (make_ckpt --no-eos).
+    #[arg(long, default_value_t = 100)]
+    frames: usize,
+    /// Waves of `concurrency` sessions per level; percentiles are over all their sessions.
+    #[arg(long, default_value_t = 3)]
+    waves: usize,
+    #[arg(long, default_value = PEER_TEXT)]
+    text: String,
+    /// Preset speaker (CustomVoice); the first of the checkpoint's by default.
+    #[arg(long)]
+    speaker: Option<String>,
+    #[arg(long, value_enum, default_value = "auto")]
+    backend: BackendChoice,
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    if !args.e2e {
+        bail!("give --e2e (the end-to-end engine benchmark)");
+    }
+    let max_concurrency = args.concurrency.iter().copied().max().unwrap_or(0);
+    if max_concurrency == 0 || args.frames == 0 || args.waves == 0 {
+        bail!("--concurrency, --frames and --waves must be at least 1");
+    }
+    let dir = voxkernel_core::hub::resolve_model(&args.model)?;
+    let model = Arc::new(Model::load(&dir)?);
+    let speaker = match &args.speaker {
+        Some(s) => s.clone(),
+        None => model
+            .checkpoint
+            .config
+            .talker
+            .spk_id
+            .keys()
+            .min()
+            .cloned()
+            .context("the e2e benchmark needs a CustomVoice checkpoint (preset speakers)")?,
+    };
+    // Room for the prompt (instruct-free CustomVoice: ~10 rows + the text) and the frames.
+    let max_len = args.text.len() + args.frames + 64;
+    let frames = backends::frame_backend(args.backend, &model, max_concurrency, max_len)?;
+    let codec = backends::codec_backend(&model)?;
+    let options = EngineOptions {
+        max_active: max_concurrency,
+        max_frames_cap: args.frames,
+        ..EngineOptions::default()
+    };
+    let engine = Engine::start(Arc::clone(&model), frames, codec, options)?;
+    let (frame_backend, codec_backend) = engine.backend_names();
+    let (frame_backend, codec_backend) = (frame_backend.to_string(), codec_backend.to_string());
+    let request = |seed: u64| SessionRequest {
+        voice: Voice::Speaker(speaker.clone()),
+        language: "english".into(),
+        instruct: None,
+        text_mode: None,
+        sampling: SamplingConfig::from_generation(&model.checkpoint.generation, seed),
+        text: args.text.clone(),
+        text_complete: true,
+        max_frames: Some(args.frames),
+        schedule: None,
+    };
+    // Warm-up: kernel compilation or cache load, first-touch allocations.
+    run_wave(&engine, &[request(0)])?;
+
+    for &n in &args.concurrency {
+        let before = engine.stats();
+        let started = Instant::now();
+        let mut usages = Vec::new();
+        for wave in 0..args.waves {
+            let requests: Vec<SessionRequest> =
+                (0..n).map(|i| request(1 + (wave * n + i) as u64)).collect();
+            usages.extend(run_wave(&engine, &requests)?);
+        }
+        let wall = started.elapsed();
+        let stats = engine.stats();
+        println!(
+            "{}",
+            report(
+                n,
+                &args,
+                &usages,
+                wall,
+                &before,
+                &stats,
+                &frame_backend,
+                &codec_backend
+            )
+        );
+    }
+    Ok(())
+}
+
+/// Opens every request at once and waits for all to finish.
+fn run_wave(engine: &Engine, requests: &[SessionRequest]) -> Result<Vec<Usage>> {
+    let sessions = requests
+        .iter()
+        .map(|r| engine.open(r.clone()).map_err(anyhow::Error::from))
+        .collect::<Result<Vec<_>>>()?;
+    std::thread::scope(|scope| {
+        let waiters: Vec<_> = sessions
+            .into_iter()
+            .map(|mut session| {
+                scope.spawn(move || {
+                    loop {
+                        match session.events.blocking_recv() {
+                            Some(SessionEvent::Audio(_)) => {}
+                            Some(SessionEvent::Done(usage)) => return Ok(usage),
+                            Some(SessionEvent::Error(e)) => bail!("session failed: {e}"),
+                            None => bail!("session ended without Done"),
+                        }
+                    }
+                })
+            })
+            .collect();
+        waiters
+            .into_iter()
+            .map(|w| w.join().map_err(|_| anyhow::anyhow!("waiter panicked"))?)
+            .collect()
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn report(
+    concurrency: usize,
+    args: &BenchArgs,
+    usages: &[Usage],
+    wall: Duration,
+    before: &EngineStats,
+    after: &EngineStats,
+    frame_backend: &str,
+    codec_backend: &str,
+) -> serde_json::Value {
+    let mut ttfa: Vec<f64> = usages
+        .iter()
+        .filter_map(|u| u.time_to_first_audio_ms)
+        .collect();
+    let mut rtf: Vec<f64> = usages.iter().filter_map(|u| u.rtf).collect();
+    ttfa.sort_by(f64::total_cmp);
+    rtf.sort_by(f64::total_cmp);
+    // Per frame of one stream: with `concurrency` streams advancing together, a round of the
+    // engine yields one frame per stream, so stream time per frame = engine time / rounds.
+    let rounds = (after.frames_total - before.frames_total) as f64 / concurrency as f64;
+    let per_round = |d: Duration| 1e3 * d.as_secs_f64() / rounds.max(1.0);
+    let frame_kernel = per_round(after.frame_time - before.frame_time);
+    let codec = per_round(after.codec_time - before.codec_time);
+    let prefill = per_round(after.prefill_time - before.prefill_time);
+    let wall_per_frame = per_round(wall);
+    json!({
+        "bench": "e2e",
+        "concurrency": concurrency,
+        "sessions": usages.len(),
+        "frames_per_session": args.frames,
+        "time_to_first_audio_ms": {"p50": percentile(&ttfa, 0.5), "p95": percentile(&ttfa, 0.95)},
+        "rtf_per_stream": {"p50": percentile(&rtf, 0.5), "max": rtf.last().copied()},
+        "ms_per_frame": {
+            "wall": wall_per_frame,
+            "frame_kernel": frame_kernel,
+            "codec": codec,
+            "prefill": prefill,
+            "other": wall_per_frame - frame_kernel - codec - prefill,
+        },
+        "frame_backend": frame_backend,
+        "codec_backend": codec_backend,
+    })
+}
+
+fn percentile(sorted: &[f64], q: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let index = ((sorted.len() - 1) as f64 * q).round() as usize;
+    Some(sorted[index])
+}

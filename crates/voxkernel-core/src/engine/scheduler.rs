@@ -1,0 +1,713 @@
+//! The engine: one thread owning the frame backend and the codec backend, advancing every
+//! runnable session by one frame per round (so none starves), decoding the new frames and
+//! sending PCM packets on each session's channel.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, anyhow, bail};
+use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
+
+use super::Model;
+use super::session::{
+    AudioChunk, ChunkSchedule, Command, EndReason, EngineStats, RunawayGuard, Session,
+    SessionEvent, SessionEvents, SessionHandle, SessionRequest, Usage,
+};
+use super::text::IncrementalText;
+use crate::backend::{
+    CodecBackend, CodecSlot, FinishReason, Frame, FrameBackend, FrameEvent, SequenceSpec, SlotId,
+};
+use crate::prompt::{self, PlanLimits, PromptRequest, TextIds, TextMode};
+use crate::sampling::SamplingConfig;
+
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// Sessions synthesising at once (each holds a sequence slot and a codec stream). The
+    /// backends must have at least this many slots.
+    pub max_active: usize,
+    /// Sessions that may wait beyond `max_active`; past that, `open` answers `Overloaded`.
+    pub max_queue: usize,
+    /// Hard ceiling on a session's frames; the backends' per-slot length must cover the prompt
+    /// plus this.
+    pub max_frames_cap: usize,
+    pub guard: RunawayGuard,
+    pub schedule: ChunkSchedule,
+    pub limits: PlanLimits,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            max_active: 16,
+            max_queue: 64,
+            // 164 s of audio: far beyond a voice-agent turn, and bounds each slot's KV cache.
+            max_frames_cap: 2048,
+            guard: RunawayGuard::default(),
+            schedule: ChunkSchedule::default(),
+            limits: PlanLimits::default(),
+        }
+    }
+}
+
+/// Why `Engine::open` refused a session.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The request is invalid; the message names the field and the valid values.
+    #[error("{0:#}")]
+    Invalid(anyhow::Error),
+    /// `max_active + max_queue` sessions are open.
+    #[error("the engine is at capacity ({open} sessions open); retry later")]
+    Overloaded { open: usize },
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+pub struct Engine {
+    model: Arc<Model>,
+    options: EngineOptions,
+    commands: mpsc::Sender<Command>,
+    open_sessions: Arc<AtomicUsize>,
+    next_id: AtomicUsize,
+    stats: Arc<Mutex<EngineStats>>,
+    backend_name: String,
+    codec_name: String,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl Engine {
+    pub fn start(
+        model: Arc<Model>,
+        frames: Box<dyn FrameBackend>,
+        codec: Box<dyn CodecBackend>,
+        options: EngineOptions,
+    ) -> Result<Self> {
+        if options.max_active == 0 {
+            bail!("max_active must be at least 1");
+        }
+        let (commands, receiver) = mpsc::channel();
+        let open_sessions = Arc::new(AtomicUsize::new(0));
+        let stats = Arc::new(Mutex::new(EngineStats::default()));
+        let backend_name = frames.name();
+        let codec_name = codec.name();
+        let mut worker = Worker {
+            model: Arc::clone(&model),
+            frames,
+            codec,
+            options: options.clone(),
+            commands: receiver,
+            sessions: Vec::new(),
+            open_sessions: Arc::clone(&open_sessions),
+            stats: Arc::clone(&stats),
+        };
+        let worker = std::thread::Builder::new()
+            .name("voxkernel-engine".into())
+            .spawn(move || worker.run())?;
+        Ok(Self {
+            model,
+            options,
+            commands,
+            open_sessions,
+            next_id: AtomicUsize::new(1),
+            stats,
+            backend_name,
+            codec_name,
+            worker: Some(worker),
+        })
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
+    }
+
+    /// The frame backend's and the codec backend's names.
+    pub fn backend_names(&self) -> (&str, &str) {
+        (&self.backend_name, &self.codec_name)
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Validates the request and queues the session. Audio starts once the text allows (the
+    /// first committed token in streaming text mode, else the whole text) and a slot is free.
+    pub fn open(&self, request: SessionRequest) -> Result<Session, OpenError> {
+        let live = self.prepare(request).map_err(OpenError::Invalid)?;
+        let capacity = self.options.max_active + self.options.max_queue;
+        let open = self.open_sessions.fetch_add(1, Ordering::SeqCst);
+        if open >= capacity {
+            self.open_sessions.fetch_sub(1, Ordering::SeqCst);
+            return Err(OpenError::Overloaded { open });
+        }
+        let (events_tx, events) = unbounded_channel();
+        let id = live.id;
+        let live = Live {
+            events: events_tx,
+            ..live
+        };
+        if self.commands.send(Command::Open(Box::new(live))).is_err() {
+            self.open_sessions.fetch_sub(1, Ordering::SeqCst);
+            return Err(OpenError::Stopped);
+        }
+        let handle = SessionHandle {
+            id,
+            commands: self.commands.clone(),
+        };
+        Ok(Session {
+            events: SessionEvents {
+                events,
+                cancel_on_drop: handle.clone(),
+            },
+            handle,
+        })
+    }
+
+    /// Checks everything that can be checked before the text is complete.
+    fn prepare(&self, request: SessionRequest) -> Result<Live> {
+        let config = &self.model.checkpoint.config;
+        let tokenizer = &self.model.tokenizer;
+        request.sampling.validate()?;
+        let instruct = request
+            .instruct
+            .as_deref()
+            .filter(|s| !s.is_empty())
+            .map(|s| tokenizer.instruct_ids(s))
+            .transpose()?;
+        let text_mode = request
+            .text_mode
+            .unwrap_or_else(|| prompt::default_text_mode(&request.voice));
+        let prompt_request = PromptRequest {
+            voice: request.voice.clone(),
+            language: request.language.clone(),
+            text_mode,
+        };
+        prompt::check_request(
+            config,
+            &prompt_request,
+            instruct.as_deref(),
+            self.options.limits,
+        )?;
+        if request.text_complete && request.text.trim().is_empty() {
+            bail!("text: empty; give the text to speak");
+        }
+        let cap = self.options.max_frames_cap;
+        let max_frames = match request.max_frames {
+            None => cap,
+            Some(n) if (1..=cap).contains(&n) => n,
+            Some(n) => bail!("max_frames: {n} is outside 1..={cap}"),
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) as u64;
+        let mut live = Live {
+            id,
+            // Replaced by `open` once the request is accepted.
+            events: unbounded_channel().0,
+            prompt: prompt_request,
+            instruct,
+            sampling: request.sampling,
+            max_frames,
+            schedule: request
+                .schedule
+                .unwrap_or_else(|| self.options.schedule.clone()),
+            text: IncrementalText::default(),
+            slot: None,
+            trailing_known: 0,
+            frames_out: 0,
+            frames_sent: 0,
+            chunks_out: 0,
+            awaiting_text: false,
+            pending: Vec::new(),
+            pcm: Vec::new(),
+            decoded: Vec::new(),
+            accepted: Instant::now(),
+            started: None,
+            first_audio: None,
+            end: None,
+        };
+        live.push_text(tokenizer, &request.text, self.options.limits)?;
+        if request.text_complete {
+            live.text.finish(tokenizer)?;
+            live.check_length(self.options.limits)?;
+        }
+        Ok(live)
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.commands.send(Command::Shutdown);
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+/// A session as the engine thread sees it.
+pub(super) struct Live {
+    id: u64,
+    events: UnboundedSender<SessionEvent>,
+    prompt: PromptRequest,
+    instruct: Option<Vec<u32>>,
+    sampling: SamplingConfig,
+    max_frames: usize,
+    schedule: ChunkSchedule,
+    text: IncrementalText,
+    slot: Option<(SlotId, CodecSlot)>,
+    /// Trailing text ids the backend holds (before the text is complete).
+    trailing_known: usize,
+    /// Frames generated so far.
+    frames_out: usize,
+    /// Frames whose audio was sent.
+    frames_sent: usize,
+    chunks_out: usize,
+    /// The text so far is not enough to start; set until more text arrives.
+    awaiting_text: bool,
+    /// Frames generated this round, not yet decoded.
+    pending: Vec<Frame>,
+    /// Decoded samples not yet sent, and their frames' codes.
+    pcm: Vec<f32>,
+    decoded: Vec<Frame>,
+    accepted: Instant,
+    started: Option<Instant>,
+    first_audio: Option<Duration>,
+    end: Option<EndReason>,
+}
+
+impl Live {
+    fn push_text(
+        &mut self,
+        tokenizer: &crate::tokenizer::TextTokenizer,
+        piece: &str,
+        limits: PlanLimits,
+    ) -> Result<Vec<u32>> {
+        let ids = self.text.push(tokenizer, piece)?;
+        self.check_length(limits)?;
+        Ok(ids)
+    }
+
+    fn check_length(&self, limits: PlanLimits) -> Result<()> {
+        let n = self.text.committed().len();
+        if n > limits.max_text_tokens {
+            bail!(
+                "text: {n} tokens is over the limit of {} tokens",
+                limits.max_text_tokens
+            );
+        }
+        Ok(())
+    }
+
+    /// A started session may take its next frame once the text id that frame's talker step
+    /// adds is known, or the text is complete (the talker then gets tts_pad).
+    fn runnable(&self) -> bool {
+        self.slot.is_some()
+            && self.end.is_none()
+            && (self.text.is_finished() || self.frames_out < self.trailing_known)
+    }
+
+    /// The prompt plan, if the text allows starting: the whole text, or in streaming text mode
+    /// at least the first token, with the final tts_eos held back until the text is complete.
+    fn plan(&self, model: &Model) -> Result<Option<prompt::PromptPlan>> {
+        let committed = self.text.committed();
+        if committed.is_empty()
+            || (!self.text.is_finished() && self.prompt.text_mode == TextMode::Whole)
+        {
+            return Ok(None);
+        }
+        let ids = TextIds {
+            target: committed.to_vec(),
+            target_role: Some(model.tokenizer.target_role_ids(self.text.text())?),
+            instruct: self.instruct.clone(),
+            reference: None,
+        };
+        let mut plan = prompt::build_plan(&model.checkpoint.config, &self.prompt, &ids)?;
+        if !self.text.is_finished() {
+            // Streaming text: the plan ends its trailing ids with tts_eos, which must wait for
+            // the end of the text. A prompt that already holds tts_eos (an ICL prompt whose
+            // text fits in the reference block) waits for the whole text.
+            if plan.trailing.last() != Some(&model.checkpoint.config.tts_eos_token_id) {
+                return Ok(None);
+            }
+            plan.trailing.pop();
+        }
+        Ok(Some(plan))
+    }
+
+    fn usage(&self, reason: EndReason, samples_per_frame: usize) -> Usage {
+        let audio_seconds = (self.frames_sent * samples_per_frame) as f64 / SAMPLE_RATE;
+        let synthesis_seconds = self
+            .started
+            .map(|t| t.elapsed().as_secs_f64())
+            .unwrap_or_default();
+        Usage {
+            finish_reason: reason,
+            frames: self.frames_sent,
+            audio_seconds,
+            time_to_first_audio_ms: self.first_audio.map(|d| d.as_secs_f64() * 1e3),
+            synthesis_seconds,
+            rtf: (audio_seconds > 0.0).then(|| synthesis_seconds / audio_seconds),
+        }
+    }
+}
+
+const SAMPLE_RATE: f64 = 24_000.0;
+
+struct Worker {
+    model: Arc<Model>,
+    frames: Box<dyn FrameBackend>,
+    codec: Box<dyn CodecBackend>,
+    options: EngineOptions,
+    commands: mpsc::Receiver<Command>,
+    /// In arrival order, which is the admission order.
+    sessions: Vec<Live>,
+    open_sessions: Arc<AtomicUsize>,
+    stats: Arc<Mutex<EngineStats>>,
+}
+
+impl Worker {
+    fn run(&mut self) {
+        loop {
+            let command = if self.has_work() {
+                match self.commands.try_recv() {
+                    Ok(c) => Some(c),
+                    Err(mpsc::TryRecvError::Empty) => None,
+                    Err(mpsc::TryRecvError::Disconnected) => break,
+                }
+            } else {
+                match self.commands.recv() {
+                    Ok(c) => Some(c),
+                    Err(_) => break,
+                }
+            };
+            if let Some(command) = command {
+                if matches!(command, Command::Shutdown) {
+                    break;
+                }
+                self.handle(command);
+                self.publish_counts();
+                // Take every queued command before the next round.
+                continue;
+            }
+            self.round();
+        }
+        for index in (0..self.sessions.len()).rev() {
+            self.end(index, EndReason::Cancelled);
+        }
+    }
+
+    fn active(&self) -> usize {
+        self.sessions.iter().filter(|s| s.slot.is_some()).count()
+    }
+
+    /// Whether a round would do anything; if not, the thread sleeps until the next command.
+    fn has_work(&self) -> bool {
+        let free_slot = self.active() < self.options.max_active;
+        self.sessions.iter().any(|s| {
+            s.runnable()
+                || s.end.is_some()
+                || (s.slot.is_none() && !s.awaiting_text && free_slot)
+                || s.events.is_closed()
+        })
+    }
+
+    fn find(&mut self, id: u64) -> Option<usize> {
+        self.sessions.iter().position(|s| s.id == id)
+    }
+
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Open(live) => self.sessions.push(*live),
+            Command::Text { id, piece } => {
+                if let Some(index) = self.find(id) {
+                    let result = self.append_text(index, Some(&piece));
+                    self.fail_on_error(index, result);
+                }
+            }
+            Command::FinishText { id } => {
+                if let Some(index) = self.find(id) {
+                    let result = self.append_text(index, None);
+                    self.fail_on_error(index, result);
+                }
+            }
+            Command::Cancel { id } => {
+                if let Some(index) = self.find(id) {
+                    self.end(index, EndReason::Cancelled);
+                }
+            }
+            Command::Shutdown => {}
+        }
+    }
+
+    /// Adds a text piece (or, with `None`, the end of the text) and hands the talker whatever
+    /// became final.
+    fn append_text(&mut self, index: usize, piece: Option<&str>) -> Result<()> {
+        let tokenizer = &self.model.tokenizer;
+        let live = &mut self.sessions[index];
+        live.awaiting_text = false;
+        if live.text.is_finished() || live.end.is_some() {
+            return match piece {
+                Some(_) => Err(anyhow!("text: the session's text was already finished")),
+                None => Ok(()),
+            };
+        }
+        let mut ids = match piece {
+            Some(piece) => live.push_text(tokenizer, piece, self.options.limits)?,
+            None => {
+                let rest = live.text.finish(tokenizer)?;
+                live.check_length(self.options.limits)?;
+                if live.text.committed().is_empty() {
+                    bail!("text: empty; give the text to speak");
+                }
+                rest
+            }
+        };
+        if let Some((slot, _)) = live.slot {
+            if live.text.is_finished() {
+                ids.push(self.model.checkpoint.config.tts_eos_token_id);
+            }
+            self.frames.append_trailing(slot, &ids)?;
+            live.trailing_known += ids.len();
+        }
+        Ok(())
+    }
+
+    fn fail_on_error(&mut self, index: usize, result: Result<()>) {
+        if let Err(e) = result {
+            self.fail(index, e);
+        }
+    }
+
+    /// Sends the error as the session's last event and frees what it holds.
+    fn fail(&mut self, index: usize, error: anyhow::Error) {
+        let live = &self.sessions[index];
+        tracing::warn!(session = live.id, "session failed: {error:#}");
+        let _ = live.events.send(SessionEvent::Error(format!("{error:#}")));
+        self.stats_mut(|s| s.errors_total += 1);
+        self.remove(index);
+    }
+
+    fn round(&mut self) {
+        self.drop_abandoned();
+        self.admit();
+        self.step();
+        self.decode();
+        self.emit();
+        self.publish_counts();
+    }
+
+    /// A session whose events receiver is gone (the client left) is cancelled.
+    fn drop_abandoned(&mut self) {
+        for index in (0..self.sessions.len()).rev() {
+            if self.sessions[index].events.is_closed() {
+                tracing::debug!(session = self.sessions[index].id, "client gone, cancelling");
+                self.remove(index);
+            }
+        }
+    }
+
+    /// Starts waiting sessions whose text allows it, in arrival order, while slots are free.
+    fn admit(&mut self) {
+        let mut index = 0;
+        while index < self.sessions.len() && self.active() < self.options.max_active {
+            let live = &self.sessions[index];
+            if live.slot.is_some() || live.awaiting_text || live.end.is_some() {
+                index += 1;
+                continue;
+            }
+            match self.try_start(index) {
+                Ok(()) => index += 1,
+                Err(e) => self.fail(index, e),
+            }
+        }
+    }
+
+    fn try_start(&mut self, index: usize) -> Result<()> {
+        let live = &mut self.sessions[index];
+        let Some(plan) = live.plan(&self.model)? else {
+            live.awaiting_text = true;
+            return Ok(());
+        };
+        let trailing_known = plan.trailing.len();
+        let spec = SequenceSpec {
+            plan,
+            sampling: live.sampling,
+            max_frames: live.max_frames,
+        };
+        let started = Instant::now();
+        let slot = self.frames.start(&spec)?;
+        let codec_slot = match self.codec.open() {
+            Ok(c) => c,
+            Err(e) => {
+                self.frames.release(slot);
+                return Err(e);
+            }
+        };
+        let elapsed = started.elapsed();
+        self.stats_mut(|s| {
+            s.prefill_time += elapsed;
+            s.sessions_total += 1;
+        });
+        let live = &mut self.sessions[index];
+        live.slot = Some((slot, codec_slot));
+        live.trailing_known = trailing_known;
+        live.started = Some(started);
+        Ok(())
+    }
+
+    /// One frame for every runnable session, in one backend call.
+    fn step(&mut self) {
+        let runnable: Vec<usize> = (0..self.sessions.len())
+            .filter(|&i| self.sessions[i].runnable())
+            .collect();
+        if runnable.is_empty() {
+            return;
+        }
+        let slots: Vec<SlotId> = runnable
+            .iter()
+            .filter_map(|&i| self.sessions[i].slot.map(|(s, _)| s))
+            .collect();
+        let started = Instant::now();
+        let events = self.frames.step(&slots);
+        let elapsed = started.elapsed();
+        let events = match events {
+            Ok(events) => events,
+            Err(e) => {
+                for &i in runnable.iter().rev() {
+                    self.fail(i, anyhow!("frame backend: {e:#}"));
+                }
+                return;
+            }
+        };
+        let mut new_frames = 0;
+        for (&i, event) in runnable.iter().zip(events) {
+            let live = &mut self.sessions[i];
+            match event {
+                FrameEvent::Frame(frame) => {
+                    live.pending.push(frame);
+                    live.frames_out += 1;
+                    new_frames += 1;
+                    let guard = self.options.guard.limit(live.text.committed().len());
+                    if live.frames_out >= guard && live.frames_out < live.max_frames {
+                        live.end = Some(EndReason::RunawayGuard);
+                    }
+                }
+                FrameEvent::Finished(reason) => {
+                    live.end = Some(match reason {
+                        FinishReason::Eos => EndReason::Eos,
+                        FinishReason::MaxFrames => EndReason::MaxFrames,
+                    });
+                }
+            }
+        }
+        self.stats_mut(|s| {
+            s.frame_time += elapsed;
+            s.frames_total += new_frames;
+        });
+    }
+
+    /// Decodes every session's new frames in one codec call.
+    fn decode(&mut self) {
+        let with_frames: Vec<usize> = (0..self.sessions.len())
+            .filter(|&i| !self.sessions[i].pending.is_empty())
+            .collect();
+        if with_frames.is_empty() {
+            return;
+        }
+        let batch: Vec<(CodecSlot, &[Frame])> = with_frames
+            .iter()
+            .filter_map(|&i| {
+                let live = &self.sessions[i];
+                live.slot.map(|(_, c)| (c, live.pending.as_slice()))
+            })
+            .collect();
+        let started = Instant::now();
+        let result = self.codec.decode(&batch);
+        let elapsed = started.elapsed();
+        self.stats_mut(|s| s.codec_time += elapsed);
+        match result {
+            Ok(outputs) => {
+                for (&i, pcm) in with_frames.iter().zip(outputs) {
+                    let live = &mut self.sessions[i];
+                    live.decoded.append(&mut live.pending);
+                    live.pcm.extend_from_slice(&pcm);
+                }
+            }
+            Err(e) => {
+                for &i in with_frames.iter().rev() {
+                    self.fail(i, anyhow!("codec backend: {e:#}"));
+                }
+            }
+        }
+    }
+
+    /// Sends every packet the schedule allows, and ends finished sessions.
+    fn emit(&mut self) {
+        let spf = self.codec.samples_per_frame();
+        for index in (0..self.sessions.len()).rev() {
+            let live = &mut self.sessions[index];
+            loop {
+                let frames = live.schedule.frames(live.chunks_out);
+                let ready = live.pcm.len() / spf;
+                let last = live.end.is_some() && ready > 0;
+                if ready < frames && !last {
+                    break;
+                }
+                let frames = frames.min(ready);
+                let chunk = AudioChunk {
+                    pcm: live.pcm.drain(..frames * spf).map(to_pcm16).collect(),
+                    first_frame: live.frames_sent,
+                    codes: live.decoded.drain(..frames).collect(),
+                };
+                if live.first_audio.is_none() {
+                    live.first_audio = Some(live.accepted.elapsed());
+                }
+                live.chunks_out += 1;
+                live.frames_sent += frames;
+                let _ = live.events.send(SessionEvent::Audio(chunk));
+            }
+            if let Some(reason) = live.end {
+                self.end(index, reason);
+            }
+        }
+    }
+
+    /// Sends `Done` (if anyone listens) and frees everything the session holds.
+    fn end(&mut self, index: usize, reason: EndReason) {
+        let spf = self.codec.samples_per_frame();
+        let live = &self.sessions[index];
+        let usage = live.usage(reason, spf);
+        let _ = live.events.send(SessionEvent::Done(usage));
+        self.remove(index);
+    }
+
+    fn remove(&mut self, index: usize) {
+        let live = self.sessions.remove(index);
+        if let Some((slot, codec_slot)) = live.slot {
+            self.frames.release(slot);
+            self.codec.release(codec_slot);
+        }
+        self.open_sessions.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    fn publish_counts(&mut self) {
+        let active = self.sessions.iter().filter(|s| s.slot.is_some()).count();
+        let waiting = self.sessions.len() - active;
+        self.stats_mut(|s| {
+            s.active = active;
+            s.waiting = waiting;
+        });
+    }
+
+    fn stats_mut(&self, f: impl FnOnce(&mut EngineStats)) {
+        if let Ok(mut stats) = self.stats.lock() {
+            f(&mut stats);
+        }
+    }
+}
+
+fn to_pcm16(sample: f32) -> i16 {
+    (sample.clamp(-1.0, 1.0) * 32767.0).round() as i16
+}

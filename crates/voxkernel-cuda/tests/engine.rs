@@ -1,8 +1,8 @@
-//! The streaming engine on the CUDA backend (tiny fixture checkpoint): sessions side by side
-//! give exactly the codes and PCM of their solo runs, and text streamed in pieces (appended to
-//! running sequences) gives exactly what the whole text gives. Needs a CUDA GPU, so ignored by
-//! default (reported as ignored, never as passed); the GPU machine runs it with
-//! `--include-ignored`.
+//! The streaming engine on the CUDA backends (frame kernel and codec; tiny fixture checkpoint):
+//! sessions side by side give exactly the codes and PCM of their solo runs, and text streamed in
+//! pieces (appended to running sequences) gives exactly what the whole text gives. Needs a CUDA
+//! GPU, so ignored by default (reported as ignored, never as passed); the GPU machine runs it
+//! with `--include-ignored`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -12,10 +12,8 @@ use voxkernel_core::engine::{
     EndReason, Engine, EngineOptions, Model, Session, SessionEvent, SessionRequest,
 };
 use voxkernel_core::prompt::{TextMode, Voice};
-use voxkernel_core::reference::ReferenceCodec;
-use voxkernel_core::reference::codec_decoder::CodecDecoder;
 use voxkernel_core::sampling::SamplingConfig;
-use voxkernel_cuda::{CudaBackend, CudaOptions, driver_available};
+use voxkernel_cuda::{CudaBackend, CudaCodec, CudaCodecOptions, CudaOptions, driver_available};
 
 fn model() -> Arc<Model> {
     let root = std::env::var_os("VOXKERNEL_FIXTURES")
@@ -36,7 +34,14 @@ fn engine(model: &Arc<Model>, max_active: usize) -> Engine {
         },
     )
     .unwrap();
-    let decoder = Arc::new(CodecDecoder::from_checkpoint(&model.checkpoint).unwrap());
+    let codec = CudaCodec::from_checkpoint(
+        &model.checkpoint,
+        CudaCodecOptions {
+            max_streams: max_active,
+            ..CudaCodecOptions::default()
+        },
+    )
+    .unwrap();
     let options = EngineOptions {
         max_active,
         max_frames_cap: 128,
@@ -45,7 +50,7 @@ fn engine(model: &Arc<Model>, max_active: usize) -> Engine {
     Engine::start(
         Arc::clone(model),
         Box::new(frames),
-        Box::new(ReferenceCodec::new(decoder)),
+        Box::new(codec),
         options,
     )
     .unwrap()

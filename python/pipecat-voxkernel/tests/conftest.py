@@ -99,12 +99,16 @@ class VoxkernelServer:
             "--port",
             str(self.port),
         ]
+        # The random checkpoint rarely emits EOS; bound every utterance (250 frames: 20 s).
+        cmd += ["--max-frames", os.environ.get("VOXKERNEL_TEST_MAX_FRAMES", "250")]
+        env = dict(os.environ)
+        env.pop("VOXKERNEL_API_KEY", None)  # `serve` reads its --api-key from there too
         if self.api_key:
             cmd += ["--api-key", self.api_key]
         log = open(self.log_path, "ab")
         log.write(f"\n=== start {self.starts + 1}: {' '.join(cmd)}\n".encode())
         log.flush()
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         self.starts += 1
         deadline = time.monotonic() + timeout

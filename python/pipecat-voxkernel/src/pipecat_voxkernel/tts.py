@@ -627,22 +627,34 @@ class VoxkernelTTSService(WebsocketTTSService):
         code = msg.get("code") or "unknown"
         text = msg.get("message") or ""
         category = _ERROR_CATEGORIES.get(code, ErrorCategory.UNKNOWN)
+        if code == "invalid_request" and text.startswith("text"):
+            # The text was refused (too long, say), not the settings: the next
+            # utterance may well be fine.
+            category = ErrorCategory.APPLICATION
 
         if isinstance(context_id, str):
-            if context_id not in self._open_contexts and category.is_permanent:
-                # Text sent while the server was ending the context (its `done`
-                # crossed our `speak`) reached a context it had already closed.
-                # That says nothing about the settings, so it is not permanent.
-                category = ErrorCategory.UNKNOWN
-            # An error tied to a context closes that context on the server.
-            self._failed_contexts.add(context_id)
+            if context_id not in self._open_contexts:
+                # A message that crossed the context's end on the wire: text or
+                # a flush sent while the server was sending `done` (the model
+                # ended the utterance early), or anything after a `cancel`.
+                # Nothing is open to close, and nothing is wrong.
+                logger.debug(
+                    f"{self}: {code} for context {context_id}, which is no longer open: {text}"
+                )
+                return
+            if code == "unknown_context":
+                # "This closes nothing" (docs/protocol.md).
+                await self.push_error(
+                    error_msg=f"voxkernel error {code} (context {context_id}): {text}",
+                    category=category,
+                )
+                return
+            # Any other error tied to a context closes that context on the
+            # server, and no `done` follows.
             self._open_contexts.discard(context_id)
             self._flushed_contexts.discard(context_id)
+            self._failed_contexts.add(context_id)
             self._resamplers.pop(context_id, None)
-            if context_id in self._cancelled_contexts:
-                self._cancelled_contexts.discard(context_id)
-                logger.debug(f"{self}: error for cancelled context {context_id}: {code}: {text}")
-                return
             if self.audio_context_available(context_id):
                 await self.append_to_audio_context(
                     context_id, TTSStoppedFrame(context_id=context_id)

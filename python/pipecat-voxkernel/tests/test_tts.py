@@ -193,6 +193,11 @@ async def test_llm_turn_streams_audio_before_text_is_complete(server):
     # its text, so long before synthesis of the whole text was over.
     assert t_first_audio < t_last_text - 0.5, (t_first_audio, t_last_text)
     assert t_first_audio < t_done
+    t_first_text = [p.t for p in rec.into_source if isinstance(p.frame, LLMTextFrame)][0]
+    print(
+        f"first audio {1000 * (t_first_audio - t_first_text):.0f} ms after the first token, "
+        f"{t_last_text - t_first_audio:.2f} s before the last one"
+    )
     # Audio kept coming while the text streamed in.
     assert len([p for p in audio if p.t < t_last_text]) >= 2
 
@@ -268,6 +273,10 @@ async def test_interruption_cancels_and_drops_late_audio(server):
     assert t_done - t_cancel < 1.0, t_done - t_cancel
     # Audio that was already in flight may still come; it was dropped above.
     late = sum(n for t, c, n in tts.wire_audio if c == first and t > t_cancel)
+    print(
+        f"cancel → done {1000 * (t_done - t_cancel):.1f} ms; "
+        f"{late / FRAME_SAMPLES:.1f} frames of audio arrived after the cancel (dropped)"
+    )
     assert late <= 16 * FRAME_SAMPLES, f"{late / FRAME_SAMPLES:.1f} frames after cancel"
 
     # The next turn speaks normally in a new context.

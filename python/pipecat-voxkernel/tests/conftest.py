@@ -59,9 +59,17 @@ def free_port() -> int:
 class VoxkernelServer:
     """A `voxkernel serve` process on 127.0.0.1, restartable on the same port."""
 
-    def __init__(self, log_dir: Path, *, api_key: str | None = None, name: str = "server"):
+    def __init__(
+        self,
+        log_dir: Path,
+        *,
+        api_key: str | None = None,
+        max_frames: int | None = None,
+        name: str = "server",
+    ):
         self.port = free_port()
         self.api_key = api_key
+        self.max_frames = max_frames or int(os.environ.get("VOXKERNEL_TEST_MAX_FRAMES", "250"))
         self.log_path = log_dir / f"voxkernel-{name}-{self.port}.log"
         self.proc: subprocess.Popen | None = None
         self.starts = 0
@@ -100,7 +108,7 @@ class VoxkernelServer:
             str(self.port),
         ]
         # The random checkpoint rarely emits EOS; bound every utterance (250 frames: 20 s).
-        cmd += ["--max-frames", os.environ.get("VOXKERNEL_TEST_MAX_FRAMES", "250")]
+        cmd += ["--max-frames", str(self.max_frames)]
         env = dict(os.environ)
         env.pop("VOXKERNEL_API_KEY", None)  # `serve` reads its --api-key from there too
         if self.api_key:

@@ -422,3 +422,25 @@ async def test_api_key(tmp_path_factory):
         assert not [f for f in down if isinstance(f, TTSAudioRawFrame)]
     finally:
         srv.stop()
+
+
+async def test_context_ended_early_by_the_server(tmp_path_factory):
+    """The server may end a context before its text is complete (the model's EOS, or here
+    the --max-frames limit). Text still streaming in opens a new context, with the
+    settings again; what crossed the `done` on the wire causes no error."""
+    srv = VoxkernelServer(tmp_path_factory.mktemp("voxkernel"), max_frames=5, name="short")
+    srv.start()
+    try:
+        tts = make_tts(srv)
+        text = "One two three four five six seven eight nine ten eleven twelve."
+        down, up = await run_test(tts, frames_to_send=llm_turn(text, gap=0.1) + [SleepFrame(0.5)])
+    finally:
+        srv.stop()
+    assert not [f for f in up if isinstance(f, ErrorFrame)], up
+    assert tts.is_usable
+    names = kinds(down, TTSStartedFrame, TTSStoppedFrame)
+    assert len(names) >= 4 and names == ["TTSStartedFrame", "TTSStoppedFrame"] * (len(names) // 2)
+    reasons = [reason for _, _, reason, _ in tts.done]
+    assert reasons[0] == "max_frames" and set(reasons) <= {"max_frames", "eos"}, reasons
+    opening = [m for _, m in tts.sent_of("speak") if "text_mode" in m]
+    assert len(opening) == len(tts.done) and all(m["voice"] == "ryan" for m in opening)

@@ -20,12 +20,12 @@ import sys
 import wave
 
 from loguru import logger
-
 from pipecat.frames.frames import EndFrame, Frame, TTSAudioRawFrame, TTSSpeakFrame
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineWorker
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.workers.runner import WorkerRunner
+
 from pipecat_voxkernel import VoxkernelTTSService
 
 

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import pytest
 from loguru import logger
-
 from pipecat.frames.frames import Frame
 from pipecat.observers.base_observer import BaseObserver, FramePushed
 from pipecat.processors.frame_processor import FrameDirection
+
 from pipecat_voxkernel import VoxkernelTTSService
 
 REPO_ROOT = Path(__file__).resolve().parents[3]

@@ -25,7 +25,6 @@ import wave
 import numpy as np
 import pytest
 from aiohttp import web
-
 from pipecat.audio.vad.silero import SileroVADAnalyzer
 from pipecat.frames.frames import (
     EndFrame,
@@ -33,7 +32,6 @@ from pipecat.frames.frames import (
     InputAudioRawFrame,
     TranscriptionFrame,
     TTSAudioRawFrame,
-    TTSStartedFrame,
     TTSStoppedFrame,
 )
 from pipecat.pipeline.pipeline import Pipeline
@@ -48,6 +46,7 @@ from pipecat.services.openai.llm import OpenAILLMService
 from pipecat.services.stt_service import SegmentedSTTService
 from pipecat.utils.time import time_now_iso8601
 from pipecat.workers.runner import WorkerRunner
+
 from pipecat_voxkernel import VoxkernelTTSService
 
 from conftest import FrameRecorder, RecordingTTS

@@ -10,8 +10,6 @@ import asyncio
 import re
 import time
 
-import pytest
-
 from pipecat.frames.frames import (
     ErrorFrame,
     InterruptionFrame,
@@ -29,6 +27,7 @@ from pipecat.services.tts_service import TextAggregationMode
 from pipecat.tests.utils import SleepFrame, run_test
 from pipecat.transcriptions.language import Language
 from pipecat.utils.errors import ErrorCategory
+
 from pipecat_voxkernel import VoxkernelSampling, VoxkernelTTSService
 
 from conftest import FrameRecorder, RecordingTTS, VoxkernelServer
@@ -120,9 +119,7 @@ def assert_one_context_in_order(frames, context_id=None):
 
 async def test_speak_frame_order_and_audio(server):
     tts = make_tts(server)
-    down, up = await run_test(
-        tts, frames_to_send=[TTSSpeakFrame("Hello there."), SleepFrame(0.1)]
-    )
+    down, up = await run_test(tts, frames_to_send=[TTSSpeakFrame("Hello there."), SleepFrame(0.1)])
     audio = assert_one_context_in_order(down)
     (ctx,) = {f.context_id for f in audio}
     assert not [f for f in up if isinstance(f, ErrorFrame)], up
@@ -317,7 +314,9 @@ async def test_settings_update_at_run_time(server):
     ]
     down, up = await run_test(tts, frames_to_send=frames)
     assert not [f for f in up if isinstance(f, ErrorFrame)], up
-    assert kinds(down, TTSStartedFrame, TTSStoppedFrame) == ["TTSStartedFrame", "TTSStoppedFrame"] * 2
+    assert (
+        kinds(down, TTSStartedFrame, TTSStoppedFrame) == ["TTSStartedFrame", "TTSStoppedFrame"] * 2
+    )
     opening = [m for _, m in tts.sent_of("speak") if "text_mode" in m]
     assert len(opening) == 2
     assert opening[0]["voice"] == "ryan" and "language" not in opening[0]
@@ -332,7 +331,8 @@ async def test_same_seed_same_audio(server):
     tts = make_tts(server, settings=VoxkernelTTSService.Settings(voice="ryan", seed=1234))
     text = "Same again."
     down, _ = await run_test(
-        tts, frames_to_send=[TTSSpeakFrame(text), SleepFrame(0.2), TTSSpeakFrame(text), SleepFrame(0.2)]
+        tts,
+        frames_to_send=[TTSSpeakFrame(text), SleepFrame(0.2), TTSSpeakFrame(text), SleepFrame(0.2)],
     )
     started = [f.context_id for f in down if isinstance(f, TTSStartedFrame)]
     assert len(started) == 2
@@ -410,12 +410,16 @@ async def test_api_key(tmp_path_factory):
     srv.start()
     try:
         tts = make_tts(srv, api_key="sesame")
-        down, up = await run_test(tts, frames_to_send=[TTSSpeakFrame("Open sesame."), SleepFrame(0.1)])
+        down, up = await run_test(
+            tts, frames_to_send=[TTSSpeakFrame("Open sesame."), SleepFrame(0.1)]
+        )
         assert_one_context_in_order(down)
         assert not [f for f in up if isinstance(f, ErrorFrame)], up
 
         tts = make_tts(srv, api_key="not-the-key")
-        down, up = await run_test(tts, frames_to_send=[TTSSpeakFrame("Let me in."), SleepFrame(0.3)])
+        down, up = await run_test(
+            tts, frames_to_send=[TTSSpeakFrame("Let me in."), SleepFrame(0.3)]
+        )
         errors = [f for f in up if isinstance(f, ErrorFrame)]
         assert errors and errors[0].category == ErrorCategory.AUTHENTICATION, errors
         assert not tts.is_usable

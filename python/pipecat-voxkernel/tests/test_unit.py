@@ -7,8 +7,8 @@
 """Pieces of the service that need no server."""
 
 import pytest
-
 from pipecat.transcriptions.language import Language
+
 from pipecat_voxkernel import (
     VoxkernelSampling,
     VoxkernelTTSService,

@@ -20,9 +20,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from loguru import logger
-from websockets.exceptions import InvalidStatus
-from websockets.protocol import State
-
 from pipecat.audio.resamplers.base_audio_resampler import BaseAudioResampler
 from pipecat.audio.utils import create_stream_resampler
 from pipecat.frames.frames import (
@@ -39,6 +36,8 @@ from pipecat.transcriptions.language import Language
 from pipecat.utils.errors import ErrorCategory
 from pipecat.utils.tracing.service_decorators import traced_tts
 from pipecat.utils.types import NOT_GIVEN, NotGiven
+from websockets.exceptions import InvalidStatus
+from websockets.protocol import State
 
 #: The rate of the PCM that voxkernel sends; Qwen3-TTS's codec runs at 24 kHz.
 VOXKERNEL_SAMPLE_RATE = 24000

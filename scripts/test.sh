@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every test voxkernel has, as CI runs them. Needs a Rust toolchain; with python3 + pip it also
 # fetches NVRTC (PyPI's nvidia-cuda-nvrtc wheel) so the kernels are compiled for sm_90a even
-# without a GPU. GPU tests skip, printing SKIP, where no driver is present.
+# without a GPU. GPU tests skip, printing SKIP, where no driver is present. It also installs the
+# `openai` package from PyPI into a venv (target/py-openai) for the OpenAI client test of
+# `voxkernel serve`, and runs a small load benchmark against the server on the CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,8 +32,9 @@ if [ ! -x "$openai_venv/bin/python" ]; then
   python3 -m venv "$openai_venv"
 fi
 "$openai_venv/bin/python" -m pip install --quiet --disable-pip-version-check 'openai>=1.60,<4'
+# --workspace, as above: the same feature set, so nothing is rebuilt.
 VOXKERNEL_TEST_PYTHON="$PWD/$openai_venv/bin/python" \
-  cargo test --locked -p voxkernel-cli --test serve -- --ignored
+  cargo test --workspace --locked --test serve -- --ignored
 
 # The load benchmark, small: 2 concurrent streams on the CPU with the tiny checkpoint (a debug
 # build: its figures show the script works, not how fast voxkernel is).

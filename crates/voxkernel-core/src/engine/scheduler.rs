@@ -321,7 +321,7 @@ impl Live {
             target: committed.to_vec(),
             target_role: Some(model.tokenizer.target_role_ids(self.text.text())?),
             instruct: self.instruct.clone(),
-            reference: None,
+            reference: model.reference_text_ids(&self.prompt.voice)?,
         };
         let mut plan = prompt::build_plan(&model.checkpoint.config, &self.prompt, &ids)?;
         if !self.text.is_finished() {

@@ -46,6 +46,10 @@ pub(crate) fn pad_rows(x: &Tensor, left: usize, right: usize, mode: Padding) -> 
     }
 }
 
+/// Narrower inputs gather their taps into one matmul: per-tap matmuls of a few columns (the
+/// 1-channel waveform conv) are slower than the copy.
+const PER_TAP_MIN_CHANNELS: usize = 16;
+
 /// A `Conv1d` applied to already padded input.
 pub(crate) struct Conv1d {
     /// `[kernel * in, out]`: row `j * in + i` is tap `j` of input channel `i`.
@@ -103,19 +107,45 @@ impl Conv1d {
         );
         let steps = (time - self.span() - 1) / self.stride + 1;
         let x = &x.contiguous()?;
-        let columns = if self.kernel == 1 && self.stride == 1 {
-            x.clone()
+        let in_channels = x.dim(1)?;
+        let y = if self.stride == 1 && (self.kernel == 1 || in_channels >= PER_TAP_MIN_CHANNELS) {
+            // One matmul per tap on a shifted view: no [steps, kernel * in] copy, which at the
+            // codec encoder's first stage (144k rows for 6 s) costs more than the arithmetic.
+            let mut acc = x
+                .narrow(0, 0, steps)?
+                .matmul(&self.tap_weight(0, in_channels)?)?;
+            for j in 1..self.kernel {
+                let shifted = x.narrow(0, j * self.dilation, steps)?;
+                acc = (acc + shifted.matmul(&self.tap_weight(j, in_channels)?)?)?;
+            }
+            acc
+        } else if self.kernel == 2 * self.stride
+            && self.dilation == 1
+            && time == (steps + 1) * self.stride
+        {
+            // SEANet's strided convs (kernel = 2 * stride, padded to whole strides): output t
+            // reads input blocks t and t + 1, so the columns are two views of one reshape.
+            let blocks = x.reshape((steps + 1, self.stride * in_channels))?;
+            Tensor::cat(
+                &[blocks.narrow(0, 0, steps)?, blocks.narrow(0, 1, steps)?],
+                1,
+            )?
+            .matmul(&self.weight)?
         } else {
             let taps = (0..self.kernel)
                 .map(|j| self.tap(x, j * self.dilation, steps))
                 .collect::<Result<Vec<_>>>()?;
-            Tensor::cat(&taps, 1)?
+            Tensor::cat(&taps, 1)?.matmul(&self.weight)?
         };
-        let y = columns.matmul(&self.weight)?;
         Ok(match &self.bias {
             Some(bias) => y.broadcast_add(bias)?,
             None => y,
         })
+    }
+
+    /// Tap `j`'s `[in, out]` block of the stacked weight.
+    fn tap_weight(&self, j: usize, in_channels: usize) -> Result<Tensor> {
+        Ok(self.weight.narrow(0, j * in_channels, in_channels)?)
     }
 
     /// Rows `offset, offset + stride, ...` (`steps` of them).
@@ -153,5 +183,51 @@ mod tests {
         let zeros = pad_rows(&x, 1, 2, Padding::Zeros).unwrap();
         assert_eq!(values(&zeros), [0., 1., 2., 3., 4., 0., 0.]);
         assert!(pad_rows(&x, 4, 0, Padding::Reflect).is_err());
+    }
+
+    /// Every forward path (per-tap, two-block reshape, gathered taps) against a direct sum.
+    #[test]
+    fn all_paths_compute_the_pytorch_convolution() {
+        let (inp, out, time) = (3, 2, 20);
+        let x: Vec<f32> = (0..time * inp)
+            .map(|i| ((i * 7) % 11) as f32 - 5.0)
+            .collect();
+        let xt = Tensor::from_vec(x.clone(), (time, inp), &Device::Cpu).unwrap();
+        for (kernel, stride, dilation) in [(3, 1, 2), (1, 1, 1), (4, 2, 1), (3, 2, 1)] {
+            let w: Vec<f32> = (0..out * inp * kernel)
+                .map(|i| ((i * 5) % 7) as f32 - 3.0)
+                .collect();
+            let weight = Tensor::from_vec(w.clone(), (out, inp, kernel), &Device::Cpu).unwrap();
+            let conv = Conv1d {
+                weight: weight
+                    .permute((2, 1, 0))
+                    .unwrap()
+                    .contiguous()
+                    .unwrap()
+                    .reshape((kernel * inp, out))
+                    .unwrap(),
+                bias: None,
+                kernel,
+                stride,
+                dilation,
+            };
+            let y = conv.forward(&xt).unwrap().to_vec2::<f32>().unwrap();
+            let steps = (time - (kernel - 1) * dilation - 1) / stride + 1;
+            assert_eq!(y.len(), steps);
+            for (t, row) in y.iter().enumerate() {
+                for (o, &v) in row.iter().enumerate() {
+                    let expected: f32 = (0..kernel)
+                        .flat_map(|j| (0..inp).map(move |i| (j, i)))
+                        .map(|(j, i)| {
+                            w[(o * inp + i) * kernel + j] * x[(t * stride + j * dilation) * inp + i]
+                        })
+                        .sum();
+                    assert_eq!(
+                        v, expected,
+                        "k {kernel} s {stride} d {dilation} t {t} o {o}"
+                    );
+                }
+            }
+        }
     }
 }

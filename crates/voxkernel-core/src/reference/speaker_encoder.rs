@@ -7,6 +7,7 @@ use anyhow::{Result, ensure};
 use candle_core::{D, Tensor};
 
 use super::conv1d::{Conv1d, Padding, pad_rows};
+use super::mel::SAMPLE_RATE;
 use super::weights::Weights;
 use crate::checkpoint::Checkpoint;
 use crate::config::{ModelType, SpeakerEncoderConfig};
@@ -91,6 +92,13 @@ impl SpeakerEncoder {
         ensure!(
             checkpoint.config.model_type == ModelType::Base,
             "only Base checkpoints have a speaker encoder (voice cloning)"
+        );
+        // extract_speaker_embedding asserts 24 kHz; the mel constants assume it.
+        let rate = checkpoint.config.speaker_encoder.sample_rate;
+        ensure!(
+            rate == SAMPLE_RATE,
+            "config.json: speaker_encoder_config.sample_rate is {rate}; only {SAMPLE_RATE} is \
+             supported (the official mel front end is fixed to it)"
         );
         Self::load(
             &Weights::new(&checkpoint.model, "speaker_encoder."),

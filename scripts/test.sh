@@ -22,3 +22,35 @@ fi
 
 echo "== cargo test"
 cargo test --workspace --locked
+
+# The official `openai` Python package against `voxkernel serve` (needs PyPI, as CI has).
+echo "== openai Python package against voxkernel serve"
+openai_venv=target/py-openai
+if [ ! -x "$openai_venv/bin/python" ]; then
+  python3 -m venv "$openai_venv"
+fi
+"$openai_venv/bin/python" -m pip install --quiet --disable-pip-version-check 'openai>=1.60,<4'
+VOXKERNEL_TEST_PYTHON="$PWD/$openai_venv/bin/python" \
+  cargo test --locked -p voxkernel-cli --test serve -- --ignored
+
+# The load benchmark, small: 2 concurrent streams on the CPU with the tiny checkpoint (a debug
+# build: its figures show the script works, not how fast voxkernel is).
+echo "== load benchmark (CPU, tiny checkpoint, 2 streams)"
+bench_log=target/bench-serve.log
+target/debug/voxkernel serve --model tests/fixtures/parity/tiny-custom-voice --backend cpu \
+  --port 0 --max-frames 40 2>"$bench_log" &
+bench_pid=$!
+trap 'kill "$bench_pid" 2>/dev/null || true' EXIT
+bench_url=
+for _ in $(seq 600); do
+  bench_url=$(sed -n 's/.*listening on \(http:[^ ]*\).*/\1/p' "$bench_log")
+  [ -n "$bench_url" ] && break
+  kill -0 "$bench_pid" 2>/dev/null || break
+  sleep 0.1
+done
+[ -n "$bench_url" ] || { cat "$bench_log"; echo "voxkernel serve did not start"; exit 1; }
+python3 scripts/bench/load.py --url "$bench_url" --streams 2 --rounds 2
+# SIGTERM: the server drains (nothing is in flight now) and exits cleanly.
+kill -TERM "$bench_pid"
+wait "$bench_pid"
+trap - EXIT

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Check committed parity fixtures against the contract (/work/briefs/fixtures.md) without the model:
-file layout, JSON fields, tensor names, shapes and dtypes, and that the greedy codebook-0 codes follow
-from the stored raw logits under the official processors (repetition penalty 1.05 over previous
-codebook-0 ids, EOS banned for the first 2 tokens, ids 2048..3071 except EOS suppressed).
+file layout, JSON fields, tensor names, shapes and dtypes, waveforms off the codec's clamp, and that
+the greedy codebook-0 codes follow from the stored raw logits under the official processors
+(repetition penalty 1.05 over previous codebook-0 ids, EOS banned for the first 2 tokens, ids
+2048..3071 except EOS suppressed).
 
     /work/refenv/bin/python scripts/parity/check_fixtures.py tests/fixtures/parity
 """
@@ -39,6 +40,11 @@ def processed_argmax(raw: torch.Tensor, previous: list) -> tuple:
     return int(top.indices[0]), float(top.values[0] - top.values[1])
 
 
+def assert_unclamped(name: str, wav: torch.Tensor):
+    # the codec clamps to [-1, 1]; a clamped fixture would hide decoder errors
+    assert wav.abs().max() < 1.0, f"{name}: waveform reaches the clamp (max |x| = {wav.abs().max():.3f})"
+
+
 def check_case(ckpt: Path, json_path: Path, hidden: int) -> float:
     meta = json.loads(json_path.read_text(encoding="utf-8"))
     missing = CASE_FIELDS - meta.keys()
@@ -50,6 +56,7 @@ def check_case(ckpt: Path, json_path: Path, hidden: int) -> float:
     assert t["codes"].shape == (frames, 16) and t["codes"].dtype == torch.int64
     assert t["logits_c0"].shape == (steps, CODEC_VOCAB)
     assert t["wav"].shape == (frames * SAMPLES_PER_FRAME,)
+    assert_unclamped(json_path.stem, t["wav"])
     assert frames <= meta["max_new_tokens"] - 1
     assert (meta["mode"] == "base_xvector") == ("speaker_vector" in t)
     if meta["text_mode"] == "streaming":
@@ -90,6 +97,7 @@ def main():
     if long_path.exists():
         t = load_file(str(long_path))
         assert t["wav"].shape == (t["codes"].shape[0] * SAMPLES_PER_FRAME,)
+        assert_unclamped("decoder_long", t["wav"])
         print(f"ok   decoder_long ({t['codes'].shape[0]} frames)")
     sys.exit(1 if failures else 0)
 

@@ -11,8 +11,10 @@ shares one byte-identical speech tokenizer.
 
 Every parameter is randomised (norm weights near 1, biases, layer scales and
 SnakeBeta parameters included) so that a re-implementation that drops or
-misplaces any tensor produces different codes.  --no-eos zeroes the codec_head
-row of codec EOS so that generation always runs to max_new_tokens (benchmarks).
+misplaces any tensor produces different codes; the codec decoder's residual branches
+and final conv are then scaled down so its activations stay O(1), as in a trained
+codec (condition_codec_decoder).  --no-eos zeroes the codec_head row of codec EOS so
+that generation always runs to max_new_tokens (benchmarks).
 """
 import argparse
 import json
@@ -87,6 +89,33 @@ def randomise(model: torch.nn.Module, gen: torch.Generator):
                 std = min(0.02, 1.0 / math.sqrt(max(fan_in, 1))) if "embed" in name else 1.0 / math.sqrt(max(fan_in, 1))
                 v = torch.randn(shape, generator=gen) * std
             p.copy_(v.to(p.dtype))
+
+
+# Residual-unit branches of the codec decoder are scaled so each unit adds a small correction to its
+# input, as in a trained vocoder. Unscaled, each of the 12 units (3 per block, 4 blocks) roughly
+# doubles the signal and the last SnakeBeta sees amplitudes near 250: f32 rounding of sin(x * alpha)
+# there alone moved the official f32 decode 1.8e-4 from f64, above the 1e-4 waveform parity bar.
+# With 0.25 the activations after the transformer stay below ~5 (tiny and full size) and the official
+# f32 decode is ~1e-6 from f64 (scripts/parity/codec_precision.py).
+CODEC_RESIDUAL_BRANCH_SCALE = 0.25
+# The final conv then yields |wav| up to ~0.7 on random codes: off the [-1, 1] clamp, which would
+# hide decoder errors, but still a full-scale signal.
+CODEC_OUTPUT_CONV_SCALE = 0.25
+
+
+def condition_codec_decoder(decoder: torch.nn.Module):
+    """Scale (never zero) random decoder weights so activations stay O(1), like a trained codec."""
+    with torch.no_grad():
+        # the residual unit's k=1 conv is the last op of its branch
+        branches = [m.conv for name, m in decoder.decoder.named_modules() if name.endswith(".conv2")]
+        if len(branches) != 3 * len(decoder.config.upsample_rates):  # dilations 1, 3, 9 per block
+            raise RuntimeError(f"expected 3 residual units per decoder block, found {len(branches)} in all")
+        for conv in branches:
+            conv.weight.mul_(CODEC_RESIDUAL_BRANCH_SCALE)
+            conv.bias.mul_(CODEC_RESIDUAL_BRANCH_SCALE)
+        last = decoder.decoder[-1].conv
+        last.weight.mul_(CODEC_OUTPUT_CONV_SCALE)
+        last.bias.mul_(CODEC_OUTPUT_CONV_SCALE)
 
 
 def build_config(size, model_type, text_hidden=None, predictor_hidden=None, talker_hidden=None,
@@ -167,10 +196,7 @@ def build_checkpoint(out, size="tiny", model_type="custom_voice", seed=0, no_eos
     stc = Qwen3TTSTokenizerV2Config(**{k: v for k, v in st.items() if k != "model_type"})
     codec = Qwen3TTSTokenizerV2Model(stc)
     randomise(codec, codec_gen)
-    with torch.no_grad():  # keep the waveform inside (-1, 1) so the final clamp does not hide errors
-        last = codec.decoder.decoder[-1].conv
-        last.weight.mul_(0.004)
-        last.bias.mul_(0.004)
+    condition_codec_decoder(codec.decoder)
     (out / "speech_tokenizer").mkdir(exist_ok=True)
     codec.to(torch.float32).save_pretrained(out / "speech_tokenizer", safe_serialization=True)
     json.dump({"chunk_length_s": None, "feature_extractor_type": "EncodecFeatureExtractor", "feature_size": 1,

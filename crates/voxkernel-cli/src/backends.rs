@@ -49,8 +49,23 @@ pub fn frame_backend(
     }
 }
 
-/// The streaming codec decoder.
-pub fn codec_backend(model: &Model) -> Result<Box<dyn CodecBackend>> {
-    let decoder = Arc::new(CodecDecoder::from_checkpoint(&model.checkpoint)?);
-    Ok(Box::new(ReferenceCodec::new(decoder)))
+/// The streaming codec decoder with room for `streams` streams at once.
+pub fn codec_backend(
+    choice: BackendChoice,
+    model: &Model,
+    streams: usize,
+) -> Result<Box<dyn CodecBackend>> {
+    if choice.is_cuda() {
+        let options = voxkernel_cuda::CudaCodecOptions {
+            max_streams: streams,
+            ..Default::default()
+        };
+        Ok(Box::new(voxkernel_cuda::CudaCodec::from_checkpoint(
+            &model.checkpoint,
+            options,
+        )?))
+    } else {
+        let decoder = Arc::new(CodecDecoder::from_checkpoint(&model.checkpoint)?);
+        Ok(Box::new(ReferenceCodec::new(decoder)))
+    }
 }

@@ -70,7 +70,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // Room for the prompt (instruct-free CustomVoice: ~10 rows + the text) and the frames.
     let max_len = args.text.len() + args.frames + 64;
     let frames = backends::frame_backend(args.backend, &model, max_concurrency, max_len)?;
-    let codec = backends::codec_backend(&model)?;
+    let codec = backends::codec_backend(args.backend, &model, max_concurrency)?;
     let options = EngineOptions {
         max_active: max_concurrency,
         max_frames_cap: args.frames,

@@ -3,6 +3,7 @@
 
 mod backends;
 mod bench;
+mod serve;
 mod synth;
 
 use std::path::PathBuf;
@@ -40,6 +41,8 @@ enum Command {
     Synth(Box<synth::SynthArgs>),
     /// Benchmarks; prints JSON lines.
     Bench(Box<bench::BenchArgs>),
+    /// Serve the model: OpenAI-compatible HTTP speech and the WebSocket context protocol.
+    Serve(Box<serve::ServeArgs>),
 }
 
 fn main() -> std::process::ExitCode {
@@ -49,6 +52,8 @@ fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Plain text into log files and pipes (a server's usual stderr).
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match run(Cli::parse()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -74,6 +79,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Synth(args) => synth::run(*args)?,
         Command::Bench(args) => bench::run(*args)?,
+        Command::Serve(args) => serve::run(*args)?,
     }
     Ok(())
 }

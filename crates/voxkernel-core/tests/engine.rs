@@ -10,7 +10,7 @@ use voxkernel_core::engine::{
     self, ChunkSchedule, EndReason, Engine, EngineOptions, Model, OpenError, RunawayGuard, Session,
     SessionEvent, SessionRequest, SpeechRequest, Usage,
 };
-use voxkernel_core::prompt::{TextMode, Voice};
+use voxkernel_core::prompt::{PlanLimits, TextMode, Voice};
 use voxkernel_core::reference::codec_decoder::CodecDecoder;
 use voxkernel_core::reference::{ReferenceBackend, ReferenceCodec};
 use voxkernel_core::sampling::SamplingConfig;
@@ -349,4 +349,22 @@ fn bad_requests_name_the_field() {
     req.sampling.talker.top_p = 1.5;
     let message = error(req);
     assert!(message.contains("top_p"), "{message}");
+}
+
+#[test]
+fn the_engine_text_limit_also_bounds_the_prompt() {
+    // A whole text over the prompt builder's default limit (4096 tokens) but within the
+    // engine's: the prompt is built with the engine's limit, not the default.
+    let model = load("tiny-custom-voice");
+    let options = EngineOptions {
+        limits: PlanLimits {
+            max_text_tokens: 6000,
+        },
+        ..EngineOptions::default()
+    };
+    let engine = engine(&model, options);
+    let text = "word ".repeat(4200);
+    assert!(model.tokenizer.target_text_ids(&text).unwrap().len() > 4096);
+    let (out, _) = collect(engine.open(request(&model, &text, 1, 2)).unwrap());
+    assert_eq!(out.codes.len(), 2);
 }

@@ -13,6 +13,9 @@ use sha2::{Digest, Sha256};
 /// The megakernel source: every kernel the backend launches lives in this one file.
 pub const FRAME_SOURCE: &str = include_str!("../kernels/frame.cu");
 
+/// The streaming codec decoder's kernels (`CudaCodec`), compiled and cached on their own.
+pub const CODEC_SOURCE: &str = include_str!("../kernels/codec.cu");
+
 /// Environment variable naming a prebuilt CUBIN (for example from `nvcc -cubin -arch=sm_90a`)
 /// to load instead of compiling `FRAME_SOURCE`.
 pub const CUBIN_ENV: &str = "VOXKERNEL_CUBIN";
@@ -24,7 +27,7 @@ pub fn driver_available() -> bool {
     unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
-fn nvrtc_available() -> bool {
+pub(crate) fn nvrtc_available() -> bool {
     // SAFETY: only tries to dlopen libnvrtc; calls nothing in it.
     unsafe { nvrtc_sys::is_culib_present() }
 }
@@ -83,16 +86,29 @@ pub fn load_module(ctx: &Arc<CudaContext>) -> Result<Arc<CudaModule>> {
             .with_context(|| format!("{CUBIN_ENV}={}: cannot read", Path::new(&path).display()))?,
         None => {
             let (major, minor) = ctx.compute_capability()?;
-            cached_or_compiled(&arch_name(major, minor), driver_version()?)?
+            cached_or_compiled(
+                "frame",
+                FRAME_SOURCE,
+                &arch_name(major, minor),
+                driver_version()?,
+            )?
         }
     };
     ctx.load_module(Ptx::from_binary(cubin))
         .context("loading the kernel CUBIN into the context")
 }
 
-fn cached_or_compiled(arch: &str, driver: i32) -> Result<Vec<u8>> {
-    let key = cache_key(FRAME_SOURCE, arch, driver);
-    let path = cache_dir().map(|d| d.join(format!("frame-{arch}-{key}.cubin")));
+/// Loads the module of another kernel source (cached as `name`), compiling it on first use.
+pub fn load_source(ctx: &Arc<CudaContext>, name: &str, source: &str) -> Result<Arc<CudaModule>> {
+    let (major, minor) = ctx.compute_capability()?;
+    let cubin = cached_or_compiled(name, source, &arch_name(major, minor), driver_version()?)?;
+    ctx.load_module(Ptx::from_binary(cubin))
+        .with_context(|| format!("loading the {name} kernel CUBIN into the context"))
+}
+
+fn cached_or_compiled(name: &str, source: &str, arch: &str, driver: i32) -> Result<Vec<u8>> {
+    let key = cache_key(source, arch, driver);
+    let path = cache_dir().map(|d| d.join(format!("{name}-{arch}-{key}.cubin")));
     if let Some(p) = &path
         && let Ok(bytes) = std::fs::read(p)
     {
@@ -100,7 +116,7 @@ fn cached_or_compiled(arch: &str, driver: i32) -> Result<Vec<u8>> {
     }
     eprintln!("voxkernel: compiling the CUDA kernels for {arch} with NVRTC (once; cached)...");
     let started = std::time::Instant::now();
-    let cubin = compile_cubin(FRAME_SOURCE, arch)?;
+    let cubin = compile_cubin(source, arch)?;
     eprintln!(
         "voxkernel: kernels compiled in {:.1} s",
         started.elapsed().as_secs_f32()

@@ -115,15 +115,30 @@ pub fn sampling_config(
     subtalker: &SamplerOverrides,
     seed: u64,
 ) -> Result<SamplingConfig> {
+    sampling_config_named(generation, talker, subtalker, seed, |field, sub| {
+        let flag = field.replace('_', "-");
+        if sub {
+            format!("--subtalker-{flag}")
+        } else {
+            format!("--{flag}")
+        }
+    })
+}
+
+/// [`sampling_config`] for another interface (a JSON API): `name(field, is_subtalker)` renders
+/// a parameter's user-facing name for the error.
+pub fn sampling_config_named(
+    generation: &GenerationConfig,
+    talker: &SamplerOverrides,
+    subtalker: &SamplerOverrides,
+    seed: u64,
+    name: impl Fn(&str, bool) -> String,
+) -> Result<SamplingConfig> {
     let mut config = SamplingConfig::from_generation(generation, seed);
     talker.apply(&mut config.talker);
     subtalker.apply(&mut config.subtalker);
-    config
-        .talker
-        .validate(|f| format!("--{}", f.replace('_', "-")))?;
-    config
-        .subtalker
-        .validate(|f| format!("--subtalker-{}", f.replace('_', "-")))?;
+    config.talker.validate(|f| name(f, false))?;
+    config.subtalker.validate(|f| name(f, true))?;
     Ok(config)
 }
 

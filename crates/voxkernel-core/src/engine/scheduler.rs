@@ -310,7 +310,7 @@ impl Live {
 
     /// The prompt plan, if the text allows starting: the whole text, or in streaming text mode
     /// at least the first token, with the final tts_eos held back until the text is complete.
-    fn plan(&self, model: &Model) -> Result<Option<prompt::PromptPlan>> {
+    fn plan(&self, model: &Model, limits: PlanLimits) -> Result<Option<prompt::PromptPlan>> {
         let committed = self.text.committed();
         if committed.is_empty()
             || (!self.text.is_finished() && self.prompt.text_mode == TextMode::Whole)
@@ -323,7 +323,9 @@ impl Live {
             instruct: self.instruct.clone(),
             reference: model.reference_text_ids(&self.prompt.voice)?,
         };
-        let mut plan = prompt::build_plan(&model.checkpoint.config, &self.prompt, &ids)?;
+        // The engine's limits, which `prepare` already checked the text against.
+        let mut plan =
+            prompt::build_plan_with_limits(&model.checkpoint.config, &self.prompt, &ids, limits)?;
         if !self.text.is_finished() {
             // Streaming text: the plan ends its trailing ids with tts_eos, which must wait for
             // the end of the text. A prompt that already holds tts_eos (an ICL prompt whose
@@ -526,7 +528,7 @@ impl Worker {
 
     fn try_start(&mut self, index: usize) -> Result<()> {
         let live = &mut self.sessions[index];
-        let Some(plan) = live.plan(&self.model)? else {
+        let Some(plan) = live.plan(&self.model, self.options.limits)? else {
             live.awaiting_text = true;
             return Ok(());
         };

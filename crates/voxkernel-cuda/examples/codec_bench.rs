@@ -1,0 +1,278 @@
+//! Codec decoder benchmark and full-size check:
+//! `codec_bench --model DIR [--calls N] [--warmup N] [--batches 1,4,16] [--graphs 1,0]
+//! [--skinny-rows 64] [--check-frames N]`.
+//! DIR is a checkpoint (its `speech_tokenizer/` is used) or a speech tokenizer directory.
+//!
+//! Prints JSON lines: per batch size, the host-side time of `decode` calls of one frame per
+//! stream (codes in, samples out, synchronised; p50/p99 over N calls after the warm-up, streams
+//! running well past the 72-frame window), for every combination of the `--graphs` and
+//! `--skinny-rows` settings (`CudaCodecOptions`); the GPU time per launch of one such call; then
+//! the
+//! GPU decode of random frames (frame by frame, and in one call) against the CPU reference's
+//! one-pass decode.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use voxkernel_core::backend::{CodecBackend, CodecSlot, Frame};
+use voxkernel_core::checkpoint::SafetensorsFile;
+use voxkernel_core::config::SpeechTokenizerConfig;
+use voxkernel_core::reference::codec_decoder::CodecDecoder;
+use voxkernel_cuda::{CudaCodec, CudaCodecOptions};
+
+struct Args {
+    model: PathBuf,
+    calls: usize,
+    warmup: usize,
+    batches: Vec<usize>,
+    graphs: Vec<bool>,
+    skinny_rows: Vec<usize>,
+    check_frames: usize,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut args = Args {
+        model: PathBuf::new(),
+        calls: 200,
+        warmup: 20,
+        batches: vec![1, 4, 16],
+        graphs: vec![true, false],
+        skinny_rows: vec![CudaCodecOptions::default().skinny_rows],
+        check_frames: 20,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--model" => args.model = PathBuf::from(value()?),
+            "--calls" => args.calls = value()?.parse()?,
+            "--warmup" => args.warmup = value()?.parse()?,
+            "--batches" => {
+                args.batches = value()?
+                    .split(',')
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()?
+            }
+            "--graphs" => {
+                args.graphs = value()?
+                    .split(',')
+                    .map(|v| v.parse::<u8>().map(|v| v != 0))
+                    .collect::<Result<_, _>>()?
+            }
+            "--skinny-rows" => {
+                args.skinny_rows = value()?
+                    .split(',')
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()?
+            }
+            "--check-frames" => args.check_frames = value()?.parse()?,
+            other => bail!(
+                "unknown flag {other}; valid: --model, --calls, --warmup, --batches, --graphs, \
+                 --skinny-rows, --check-frames"
+            ),
+        }
+    }
+    if args.model.as_os_str().is_empty() {
+        bail!("--model DIR is required");
+    }
+    if args.calls == 0 || args.batches.contains(&0) {
+        bail!("--calls and every --batches entry must be at least 1");
+    }
+    Ok(args)
+}
+
+/// The speech tokenizer directory: `DIR/speech_tokenizer` when present, else DIR itself.
+fn tokenizer_dir(model: &Path) -> PathBuf {
+    let nested = model.join("speech_tokenizer");
+    if nested.join("config.json").is_file() {
+        nested
+    } else {
+        model.to_path_buf()
+    }
+}
+
+/// Deterministic pseudo-random codes (64-bit LCG, high bits).
+fn random_frames(count: usize, codebook_size: usize, seed: u64) -> Vec<Frame> {
+    let mut state = seed;
+    (0..count)
+        .map(|_| {
+            std::array::from_fn(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((state >> 33) % codebook_size as u64) as u32
+            })
+        })
+        .collect()
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+/// Max abs and RMS of `a - b`.
+fn distance(a: &[f32], b: &[f32]) -> (f32, f64) {
+    assert_eq!(a.len(), b.len());
+    let max = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max);
+    let square: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| f64::from(x - y) * f64::from(x - y))
+        .sum();
+    (max, (square / a.len().max(1) as f64).sqrt())
+}
+
+fn main() -> Result<()> {
+    let args = parse_args()?;
+    let dir = tokenizer_dir(&args.model);
+    let config = SpeechTokenizerConfig::from_file(&dir.join("config.json"))?;
+    let file = SafetensorsFile::open(&dir.join("model.safetensors"))?;
+    let size = config.decoder_config.codebook_size;
+    let max_batch = args.batches.iter().copied().max().unwrap_or(1);
+    let modes = args
+        .graphs
+        .iter()
+        .flat_map(|&graphs| args.skinny_rows.iter().map(move |&rows| (graphs, rows)));
+    for (mode, (graphs, skinny_rows)) in modes.enumerate() {
+        let options = CudaCodecOptions {
+            max_streams: max_batch,
+            max_pass_frames: max_batch.max(args.check_frames.min(32)),
+            graphs,
+            skinny_rows,
+        };
+        let mut codec = CudaCodec::new(&config, &file, options)?;
+        for &batch in &args.batches {
+            bench(&mut codec, &args, batch, &options, size)?;
+        }
+        if mode == 0 && args.check_frames > 0 {
+            check(&mut codec, &config, &file, args.check_frames)?;
+        }
+    }
+    Ok(())
+}
+
+/// Times `decode` calls of one frame for each of `batch` streams.
+fn bench(
+    codec: &mut CudaCodec,
+    args: &Args,
+    batch: usize,
+    options: &CudaCodecOptions,
+    size: usize,
+) -> Result<()> {
+    let (graphs, skinny_rows) = (options.graphs, options.skinny_rows);
+    let gpu = codec.device_name().to_string();
+    let audio_ms = codec.samples_per_frame() as f64 / 24.0;
+    let slots: Vec<CodecSlot> = (0..batch).map(|_| codec.open()).collect::<Result<_>>()?;
+    let frames = args.warmup + args.calls + 2;
+    let codes: Vec<Vec<Frame>> = (0..batch)
+        .map(|s| random_frames(frames, size, 1 + s as u64))
+        .collect();
+    let call = |f: usize| -> Vec<(CodecSlot, &[Frame])> {
+        slots
+            .iter()
+            .zip(&codes)
+            .map(|(&slot, c)| (slot, &c[f..f + 1]))
+            .collect()
+    };
+    let first = Instant::now();
+    codec.decode(&call(0))?;
+    let first_ms = first.elapsed().as_secs_f64() * 1e3;
+    for f in 1..=args.warmup {
+        codec.decode(&call(f))?;
+    }
+    let mut times = Vec::with_capacity(args.calls);
+    for f in args.warmup + 1..=args.warmup + args.calls {
+        let started = Instant::now();
+        let out = codec.decode(&call(f))?;
+        times.push(started.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(out.len(), batch);
+    }
+    let launches = codec.profile(&call(frames - 1))?;
+    let gpu_ms: f32 = launches.iter().map(|(_, ms)| ms).sum();
+    times.sort_by(f64::total_cmp);
+    let p50 = percentile(&times, 0.5);
+    println!(
+        "{}",
+        serde_json::json!({
+            "bench": "codec_decode",
+            "gpu": gpu,
+            "batch": batch,
+            "graphs": graphs,
+            "skinny_rows": skinny_rows,
+            "frames_per_stream_per_call": 1,
+            "calls": times.len(),
+            "ms_p50": p50,
+            "ms_p99": percentile(&times, 0.99),
+            "ms_mean": times.iter().sum::<f64>() / times.len() as f64,
+            "ms_first_call": first_ms,
+            "gpu_ms_sum_of_launches": gpu_ms,
+            "launches": launches.len(),
+            "rtf_per_stream": p50 / audio_ms,
+        })
+    );
+    // Every launch of the profiled call, in order, for tuning.
+    for (what, ms) in &launches {
+        println!(
+            "{}",
+            serde_json::json!({
+                "profile": what,
+                "batch": batch,
+                "graphs": graphs,
+                "skinny_rows": skinny_rows,
+                "gpu_ms": ms,
+            })
+        );
+    }
+    for slot in slots {
+        codec.release(slot);
+    }
+    Ok(())
+}
+
+/// The GPU decode of random frames, frame by frame and in one call, against the CPU reference's
+/// one-pass decode.
+fn check(
+    codec: &mut CudaCodec,
+    config: &SpeechTokenizerConfig,
+    file: &SafetensorsFile,
+    count: usize,
+) -> Result<()> {
+    let gpu = codec.device_name().to_string();
+    let frames = random_frames(count, config.decoder_config.codebook_size, 99);
+    let started = Instant::now();
+    let decoder = Arc::new(CodecDecoder::load(config, file)?);
+    let expected = decoder.decode(&frames)?;
+    let cpu_s = started.elapsed().as_secs_f64();
+    let slot = codec.open()?;
+    let mut by_frame = Vec::with_capacity(expected.len());
+    for frame in frames.chunks(1) {
+        by_frame.extend(codec.decode(&[(slot, frame)])?.remove(0));
+    }
+    codec.release(slot);
+    let slot = codec.open()?;
+    let whole = codec.decode(&[(slot, &frames)])?.remove(0);
+    codec.release(slot);
+    for (mode, wav) in [("frame_by_frame", &by_frame), ("one_call", &whole)] {
+        let (max_abs, rms) = distance(wav, &expected);
+        println!(
+            "{}",
+            serde_json::json!({
+                "check": "codec_gpu_vs_cpu_one_pass",
+                "gpu": gpu,
+                "mode": mode,
+                "frames": count,
+                "max_abs": max_abs,
+                "rms": rms,
+                "max_abs_reference": expected.iter().fold(0.0f32, |m, v| m.max(v.abs())),
+                "cpu_seconds": cpu_s,
+            })
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,154 @@
+//! Errors of the HTTP API, in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use voxkernel_core::engine::OpenError;
+
+/// A request problem tied to one field of the request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FieldError {
+    /// The field's name as the client wrote it (`voice`, `sampling.top_p`).
+    pub field: String,
+    /// Starts with the field's name, and says what is valid.
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(field: impl Into<String>, detail: impl std::fmt::Display) -> Self {
+        let field = field.into();
+        Self {
+            message: format!("{field}: {detail}"),
+            field,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    /// Also the `kind` label of the errors metric.
+    pub code: &'static str,
+    pub param: Option<String>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            code,
+            param: None,
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    pub fn invalid_json(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_json", message)
+    }
+
+    pub fn unauthorized() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_api_key",
+            "missing or wrong API key; send `Authorization: Bearer <key>`",
+        )
+    }
+
+    pub fn not_found(path: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no endpoint at {path}; see GET /v1/models, POST /v1/audio/speech, /v1/tts/ws"),
+        )
+    }
+
+    pub fn method_not_allowed() -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "this endpoint does not take that method",
+        )
+    }
+
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
+    }
+
+    pub fn overloaded(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    }
+
+    /// OpenAI's `type`: who is to blame.
+    fn kind(&self) -> &'static str {
+        match self.status {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            s if s.is_client_error() => "invalid_request_error",
+            _ => "server_error",
+        }
+    }
+}
+
+impl From<FieldError> for ApiError {
+    fn from(e: FieldError) -> Self {
+        Self {
+            param: Some(e.field),
+            ..Self::invalid(e.message)
+        }
+    }
+}
+
+impl From<OpenError> for ApiError {
+    fn from(e: OpenError) -> Self {
+        match e {
+            OpenError::Invalid(e) => Self::invalid(format!("{e:#}")),
+            OpenError::Overloaded { .. } => Self::overloaded(
+                "the server is at its session limit and its queue is full; retry later",
+            ),
+            OpenError::Stopped => Self::overloaded("the server is shutting down"),
+        }
+    }
+}
+
+/// Seconds a client should wait before retrying an overloaded server: about one utterance.
+const RETRY_AFTER_SECONDS: &str = "1";
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind(),
+                "param": self.param,
+                "code": self.code,
+            }
+        });
+        let mut response = (self.status, Json(body)).into_response();
+        let headers = response.headers_mut();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            headers.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from_static(RETRY_AFTER_SECONDS),
+            );
+        }
+        if self.status == StatusCode::UNAUTHORIZED {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        // The metrics layer counts errors by this code.
+        response.extensions_mut().insert(ErrorCode(self.code));
+        response
+    }
+}
+
+/// Left on an error response for the metrics middleware.
+#[derive(Debug, Clone, Copy)]
+pub struct ErrorCode(pub &'static str);

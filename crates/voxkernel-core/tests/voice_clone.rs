@@ -12,10 +12,12 @@ use std::time::Instant;
 use serde::Deserialize;
 use voxkernel_core::backend::{FinishReason, Frame, NUM_CODE_GROUPS, SequenceSpec};
 use voxkernel_core::checkpoint::SafetensorsFile;
-use voxkernel_core::engine::{self, Model, SpeechRequest};
+use voxkernel_core::engine::{
+    self, Engine, EngineOptions, Model, SessionEvent, SessionRequest, SpeechRequest,
+};
 use voxkernel_core::prompt::{TextMode, Voice};
 use voxkernel_core::reference::codec_decoder::CodecDecoder;
-use voxkernel_core::reference::{ReferenceBackend, ReferenceModel};
+use voxkernel_core::reference::{ReferenceBackend, ReferenceCodec, ReferenceModel};
 use voxkernel_core::sampling::{SamplerParams, SamplingConfig};
 use voxkernel_core::voice_clone::{
     CloneMode, CloneRequestError, ReferenceAudio, ReferenceAudioError, VoiceEncoder,
@@ -327,6 +329,78 @@ fn tiny_clone_generation_matches_official() {
     ] {
         assert!(seen.iter().any(|s| s == mode), "no {mode} case in {seen:?}");
     }
+}
+
+/// The streaming engine path: a session in an in-context voice (the scheduler tokenizes the
+/// transcript and primes the codec stream with the reference codes) gives the official codes and
+/// the official trimmed waveform.
+#[test]
+fn engine_session_in_a_cloned_voice_matches_official() {
+    let dir = tiny_dir();
+    let model = Arc::new(Model::load(&dir).unwrap());
+    let meta: CaseMeta = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("cases/icl_streaming.json")).unwrap(),
+    )
+    .unwrap();
+    let official = tensors(&dir.join("cases/icl_streaming.safetensors"));
+    let encoder = VoiceEncoder::from_checkpoint(&model.checkpoint).unwrap();
+    let voice = encoder
+        .encode(
+            &audio(&dir, &meta.reference),
+            CloneMode::Icl {
+                transcript: &meta.ref_text,
+            },
+        )
+        .unwrap();
+    let decoder = Arc::new(CodecDecoder::from_checkpoint(&model.checkpoint).unwrap());
+    let engine = Engine::start(
+        Arc::clone(&model),
+        Box::new(ReferenceBackend::new(&model.checkpoint).unwrap()),
+        Box::new(ReferenceCodec::new(decoder)),
+        EngineOptions::default(),
+    )
+    .unwrap();
+    let mut session = engine
+        .open(SessionRequest {
+            voice: voice.voice(),
+            language: meta.language.clone(),
+            instruct: None,
+            text_mode: Some(TextMode::Streaming),
+            sampling: greedy(),
+            text: meta.text.clone(),
+            text_complete: true,
+            max_frames: Some(meta.max_new_tokens - 1),
+            schedule: None,
+        })
+        .unwrap();
+    let (mut codes, mut pcm) = (Vec::new(), Vec::new());
+    loop {
+        match session.events.blocking_recv().expect("no Done event") {
+            SessionEvent::Audio(chunk) => {
+                codes.extend(chunk.codes);
+                pcm.extend(chunk.pcm);
+            }
+            SessionEvent::Done(_) => break,
+            SessionEvent::Error(e) => panic!("session error: {e}"),
+        }
+    }
+    assert_eq!(codes, frames(&official, "codes"));
+    // The session streams 16-bit PCM: one LSB of rounding on top of the decoder's own bounds.
+    let expected: Vec<i16> = official
+        .f32("wav")
+        .unwrap()
+        .0
+        .iter()
+        .map(|&s| (s.clamp(-1.0, 1.0) * 32767.0).round() as i16)
+        .collect();
+    assert_eq!(pcm.len(), expected.len());
+    let worst = pcm
+        .iter()
+        .zip(&expected)
+        .map(|(a, b)| (i32::from(*a) - i32::from(*b)).abs())
+        .max()
+        .unwrap();
+    assert!(worst <= 1, "PCM differs from the official by {worst} LSB");
 }
 
 #[test]

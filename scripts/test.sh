@@ -54,3 +54,9 @@ python3 scripts/bench/load.py --url "$bench_url" --streams 2 --rounds 2
 kill -TERM "$bench_pid"
 wait "$bench_pid"
 trap - EXIT
+
+# The Pipecat plugin against a real `voxkernel serve` (release build), including the offline
+# STT -> LLM -> TTS pipeline test.
+echo "== Pipecat plugin (python/pipecat-voxkernel) against voxkernel serve"
+cargo build --release --locked -p voxkernel-cli
+./scripts/test_python.sh

@@ -2,8 +2,9 @@
 """A random speech tokenizer *decoder* in the official layout (speech_tokenizer/config.json and
 model.safetensors), for the CUDA codec benchmark: only the `decoder.*` tensors that decoding
 reads, drawn with the randomisation of /work/shared/refcheck/make_ckpt.py (norm weights near 1,
-small biases, layer scales, SnakeBeta parameters, the final conv scaled by 0.02 so the waveform
-stays off the clamp). Needs numpy and safetensors only, so it runs in seconds where the full
+small biases, layer scales, SnakeBeta parameters; residual branches and the final conv then scaled
+as make_ckpt.py's condition_codec_decoder does, so activations stay O(1) and the waveform stays off
+the clamp). Needs numpy and safetensors only, so it runs in seconds where the full
 make_ckpt.py builds the whole 0.6B model first.
 """
 import argparse
@@ -13,6 +14,10 @@ from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import save_file
+
+# the values of scripts/parity/make_ckpt.py, which documents why (this script needs no torch)
+CODEC_RESIDUAL_BRANCH_SCALE = 0.25
+CODEC_OUTPUT_CONV_SCALE = 0.25
 
 FULL = dict(latent_dim=1024, codebook_dim=512, codebook_size=2048, decoder_dim=1536, hidden_size=512,
             intermediate_size=1024, hidden_act="silu", num_hidden_layers=8, num_attention_heads=16,
@@ -125,9 +130,15 @@ def main():
     d = FULL if args.size == "0.6b" else TINY
     rng = np.random.default_rng(args.seed)
     tensors = {name: value(name, shape, rng).astype(np.float32) for name, shape in shapes(d)}
+    # make_ckpt.py's condition_codec_decoder: residual branches and the final conv scaled so the
+    # activations stay O(1) like a trained codec and the waveform stays inside (-1, 1)
     blocks = len(d["upsample_rates"])
-    for leaf in ("weight", "bias"):  # keep the waveform inside (-1, 1), as make_ckpt.py does
-        tensors[f"decoder.decoder.{blocks + 2}.conv.{leaf}"] *= np.float32(0.02)
+    for leaf in ("weight", "bias"):
+        for block in range(1, blocks + 1):
+            for unit in (2, 3, 4):  # block.0 is SnakeBeta, block.1 the transposed conv
+                tensors[f"decoder.decoder.{block}.block.{unit}.conv2.conv.{leaf}"] *= np.float32(
+                    CODEC_RESIDUAL_BRANCH_SCALE)
+        tensors[f"decoder.decoder.{blocks + 2}.conv.{leaf}"] *= np.float32(CODEC_OUTPUT_CONV_SCALE)
     out = Path(args.out) / "speech_tokenizer"
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"))

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Every test voxkernel has, as CI runs them. Needs a Rust toolchain; with python3 + pip it also
 # fetches NVRTC (PyPI's nvidia-cuda-nvrtc wheel) so the kernels are compiled for sm_90a even
-# without a GPU. GPU tests skip, printing SKIP, where no driver is present. It also installs the
-# `openai` package from PyPI into a venv (target/py-openai) for the OpenAI client test of
-# `voxkernel serve`, and runs a small load benchmark against the server on the CPU.
+# without a GPU. GPU tests are ignored (reported as such) where no driver is present. It also
+# installs the `openai` package from PyPI into a venv (target/py-openai) for the OpenAI client
+# test of `voxkernel serve`, runs a small load benchmark against the server on the CPU, and runs
+# the Pipecat plugin's tests (scripts/test_python.sh) against a release build of the server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,7 +17,7 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 nvrtc_dir=target/nvrtc
 if [ ! -e "$nvrtc_dir/nvidia/cu13/lib/libnvrtc.so.13" ]; then
   python3 -m pip install --quiet --disable-pip-version-check --target "$nvrtc_dir" 'nvidia-cuda-nvrtc>=13,<14' \
-    || echo "NOTE: could not install NVRTC from PyPI; the kernel compile test will print SKIP"
+    || echo "NOTE: could not install NVRTC from PyPI; the kernel compile test will fail"
 fi
 if [ -e "$nvrtc_dir/nvidia/cu13/lib/libnvrtc.so.13" ]; then
   export LD_LIBRARY_PATH="$PWD/$nvrtc_dir/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use voxkernel_core::backend::SequenceSpec;
 use voxkernel_core::config::ModelType;
-use voxkernel_core::engine::{self, Model, SamplerOverrides, SpeechRequest};
+use voxkernel_core::engine::{self, Model, RunawayGuard, SamplerOverrides, SpeechRequest};
 use voxkernel_core::prompt::{TextMode, Voice};
 use voxkernel_core::reference::codec_decoder::CodecDecoder;
 use voxkernel_core::voice_clone::{self, CloneMode, ClonedVoice, ReferenceAudio, VoiceEncoder};
@@ -71,7 +71,8 @@ pub struct SynthArgs {
     /// streaming for cloned ones).
     #[arg(long, value_enum)]
     text_mode: Option<TextModeArg>,
-    /// At most this many 80 ms frames of audio (official max_new_tokens = N + 1).
+    /// At most this many 80 ms frames of audio (official max_new_tokens = N + 1). Default: the
+    /// runaway guard, 50 + 20 per text token, at most generation_config.json's limit.
     #[arg(long)]
     max_frames: Option<usize>,
     #[arg(long, value_enum, default_value = "auto")]
@@ -140,9 +141,18 @@ pub fn run(args: SynthArgs) -> Result<()> {
     };
     let sampling =
         engine::sampling_config(&model.checkpoint.generation, &talker, &subtalker, args.seed)?;
-    let max_frames = args
-        .max_frames
-        .unwrap_or(model.checkpoint.generation.max_new_tokens.saturating_sub(1));
+    // Without --max-frames, the engine's runaway guard bounds a model that never emits EOS
+    // (random test checkpoints, or a sampled run gone wrong) instead of the 8191 frames (11
+    // minutes) of generation_config.json.
+    let max_frames = args.max_frames.unwrap_or_else(|| {
+        let tokens = model
+            .tokenizer
+            .target_text_ids(&args.text)
+            .map_or(0, |ids| ids.len());
+        RunawayGuard::default()
+            .limit(tokens)
+            .min(model.checkpoint.generation.max_new_tokens.saturating_sub(1))
+    });
     if max_frames == 0 {
         bail!("--max-frames must be at least 1");
     }

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Every test voxkernel has, as CI runs them. Needs a Rust toolchain; with python3 + pip it also
 # fetches NVRTC (PyPI's nvidia-cuda-nvrtc wheel) so the kernels are compiled for sm_90a even
-# without a GPU. GPU tests skip, printing SKIP, where no driver is present.
+# without a GPU. GPU tests are ignored (reported as such) where no driver is present. It also
+# installs the `openai` package from PyPI into a venv (target/py-openai) for the OpenAI client
+# test of `voxkernel serve`, runs a small load benchmark against the server on the CPU, and runs
+# the Pipecat plugin's tests (scripts/test_python.sh) against a release build of the server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,7 +17,7 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 nvrtc_dir=target/nvrtc
 if [ ! -e "$nvrtc_dir/nvidia/cu13/lib/libnvrtc.so.13" ]; then
   python3 -m pip install --quiet --disable-pip-version-check --target "$nvrtc_dir" 'nvidia-cuda-nvrtc>=13,<14' \
-    || echo "NOTE: could not install NVRTC from PyPI; the kernel compile test will print SKIP"
+    || echo "NOTE: could not install NVRTC from PyPI; the kernel compile test will fail"
 fi
 if [ -e "$nvrtc_dir/nvidia/cu13/lib/libnvrtc.so.13" ]; then
   export LD_LIBRARY_PATH="$PWD/$nvrtc_dir/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -30,8 +33,9 @@ if [ ! -x "$openai_venv/bin/python" ]; then
   python3 -m venv "$openai_venv"
 fi
 "$openai_venv/bin/python" -m pip install --quiet --disable-pip-version-check 'openai>=1.60,<4'
+# --workspace, as above: the same feature set, so nothing is rebuilt.
 VOXKERNEL_TEST_PYTHON="$PWD/$openai_venv/bin/python" \
-  cargo test --locked -p voxkernel-cli --test serve -- --ignored
+  cargo test --workspace --locked --test serve -- --ignored
 
 # The load benchmark, small: 2 concurrent streams on the CPU with the tiny checkpoint (a debug
 # build: its figures show the script works, not how fast voxkernel is).
@@ -54,3 +58,9 @@ python3 scripts/bench/load.py --url "$bench_url" --streams 2 --rounds 2
 kill -TERM "$bench_pid"
 wait "$bench_pid"
 trap - EXIT
+
+# The Pipecat plugin against a real `voxkernel serve` (release build), including the offline
+# STT -> LLM -> TTS pipeline test.
+echo "== Pipecat plugin (python/pipecat-voxkernel) against voxkernel serve"
+cargo build --release --locked -p voxkernel-cli
+./scripts/test_python.sh

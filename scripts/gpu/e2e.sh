@@ -12,15 +12,23 @@ FRAMES=${FRAMES:-100}
 NVRTC=$(find / -name 'libnvrtc.so.13' -not -path '/proc/*' 2>/dev/null | head -1)
 export LD_LIBRARY_PATH="$(dirname "$NVRTC"):${LD_LIBRARY_PATH:-}"
 export XDG_CACHE_HOME=/tmp/vkcache PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+mkdir -p /tmp/vkbin && for f in "$G"/bin/*.xz; do
+  python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$f" "/tmp/vkbin/$(basename "$f" .xz)"
+done
+chmod +x /tmp/vkbin/*
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 export CKPT=/tmp/ckpt06 OUT FRAMES
+
+echo "== GPU engine tests (tiny checkpoint): concurrent == solo, streamed text == whole text"
+VOXKERNEL_FIXTURES="$PWD/tests/fixtures/parity" timeout 120 /tmp/vkbin/engine_gpu --include-ignored \
+  --test-threads=1 2>&1 | grep -E '^test |test result|panicked|differ' | tee "$OUT/engine_gpu.log"
 
 echo "== checkpoint + peers (official, faster-qwen3-tts), $FRAMES frames"
 rm -f "$OUT/peers.jsonl"
 SKIP_OFFICIAL=${SKIP_OFFICIAL:-0} bash "$G/refcheck/run_peers.sh" 2>&1 | tail -12
 
 echo "== voxkernel bench --e2e"
-timeout 300 "$G/bin/voxkernel" bench --e2e --model "$CKPT" --backend cuda \
+timeout 300 /tmp/vkbin/voxkernel bench --e2e --model "$CKPT" --backend cuda \
   --concurrency "${CONCURRENCY:-1,4,16}" --frames "$FRAMES" --speaker ryan 2>&1 \
   | tee "$OUT/voxkernel.log" | grep -v '^{' | tail -5
 grep '^{' "$OUT/voxkernel.log" > "$OUT/voxkernel.jsonl"

@@ -8,9 +8,10 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use voxkernel_core::backend::SequenceSpec;
 use voxkernel_core::config::ModelType;
-use voxkernel_core::engine::{self, Model, SamplerOverrides, SpeechRequest};
+use voxkernel_core::engine::{self, Model, RunawayGuard, SamplerOverrides, SpeechRequest};
 use voxkernel_core::prompt::{TextMode, Voice};
 use voxkernel_core::reference::codec_decoder::CodecDecoder;
+use voxkernel_core::voice_clone::{self, CloneMode, ClonedVoice, ReferenceAudio, VoiceEncoder};
 
 use crate::backends::{self, BackendChoice};
 
@@ -38,6 +39,15 @@ pub struct SynthArgs {
     /// Style (1.7B CustomVoice) or voice description (VoiceDesign).
     #[arg(long)]
     instruct: Option<String>,
+    /// Base models: the voice to clone, a WAV, FLAC, MP3 or Ogg Vorbis file of 1 to 30 s.
+    #[arg(long)]
+    ref_audio: Option<PathBuf>,
+    /// Base models: the transcript of --ref-audio, for in-context cloning.
+    #[arg(long)]
+    ref_text: Option<String>,
+    /// Base models: clone from the speaker embedding of --ref-audio alone (no transcript).
+    #[arg(long)]
+    x_vector_only: bool,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Argmax decoding for both the talker and the sub-talker.
@@ -57,10 +67,12 @@ pub struct SynthArgs {
     subtalker_top_k: Option<usize>,
     #[arg(long)]
     subtalker_top_p: Option<f32>,
-    /// Default: the official one for the voice (whole for preset and designed voices).
+    /// Default: the official one for the voice (whole for preset and designed voices,
+    /// streaming for cloned ones).
     #[arg(long, value_enum)]
     text_mode: Option<TextModeArg>,
-    /// At most this many 80 ms frames of audio (official max_new_tokens = N + 1).
+    /// At most this many 80 ms frames of audio (official max_new_tokens = N + 1). Default: the
+    /// runaway guard, 50 + 20 per text token, at most generation_config.json's limit.
     #[arg(long)]
     max_frames: Option<usize>,
     #[arg(long, value_enum, default_value = "auto")]
@@ -77,6 +89,13 @@ pub fn run(args: SynthArgs) -> Result<()> {
     let dir = voxkernel_core::hub::resolve_model(&args.model)?;
     let model = Model::load(&dir)?;
     let config = &model.checkpoint.config;
+    if config.model_type != ModelType::Base
+        && (args.ref_audio.is_some() || args.ref_text.is_some() || args.x_vector_only)
+    {
+        bail!(
+            "--ref-audio, --ref-text and --x-vector-only apply only to Base models (voice cloning)"
+        );
+    }
     let voice = match (config.model_type, &args.speaker) {
         (ModelType::CustomVoice, Some(name)) => Voice::Speaker(name.clone()),
         (ModelType::CustomVoice, None) => bail!(
@@ -90,11 +109,7 @@ pub fn run(args: SynthArgs) -> Result<()> {
                 .join(", ")
         ),
         (ModelType::VoiceDesign, None) => Voice::Design,
-        (ModelType::Base, None) => {
-            bail!(
-                "Base models clone a voice from reference audio, which voxkernel does not support yet"
-            )
-        }
+        (ModelType::Base, None) => clone_voice(&model, &args)?.voice(),
         (_, Some(_)) => {
             bail!("--speaker applies only to CustomVoice models; this model has no preset speakers")
         }
@@ -126,9 +141,18 @@ pub fn run(args: SynthArgs) -> Result<()> {
     };
     let sampling =
         engine::sampling_config(&model.checkpoint.generation, &talker, &subtalker, args.seed)?;
-    let max_frames = args
-        .max_frames
-        .unwrap_or(model.checkpoint.generation.max_new_tokens.saturating_sub(1));
+    // Without --max-frames, the engine's runaway guard bounds a model that never emits EOS
+    // (random test checkpoints, or a sampled run gone wrong) instead of the 8191 frames (11
+    // minutes) of generation_config.json.
+    let max_frames = args.max_frames.unwrap_or_else(|| {
+        let tokens = model
+            .tokenizer
+            .target_text_ids(&args.text)
+            .map_or(0, |ids| ids.len());
+        RunawayGuard::default()
+            .limit(tokens)
+            .min(model.checkpoint.generation.max_new_tokens.saturating_sub(1))
+    });
     if max_frames == 0 {
         bail!("--max-frames must be at least 1");
     }
@@ -149,7 +173,13 @@ pub fn run(args: SynthArgs) -> Result<()> {
     // matches qwen-tts; streaming sessions decode exactly causally instead (docs/codec.md).
     let codec = Arc::new(CodecDecoder::from_checkpoint(&model.checkpoint)?);
     let started = Instant::now();
-    let pcm = codec.decode_official(&frames)?;
+    let pcm = match &request.voice {
+        // In-context cloning decodes after the reference codes and cuts them off, as qwen-tts.
+        Voice::Clone {
+            reference_codes, ..
+        } => voice_clone::decode_with_reference(&codec, reference_codes, &frames)?,
+        _ => codec.decode_official(&frames)?,
+    };
     let codec_s = started.elapsed().as_secs_f64();
     write_wav(&args.output, &pcm)?;
     if let Some(path) = &args.codes_out {
@@ -168,6 +198,39 @@ pub fn run(args: SynthArgs) -> Result<()> {
         args.output.display()
     );
     Ok(())
+}
+
+/// The voice of --ref-audio, encoded for in-context cloning (with --ref-text) or from its
+/// x-vector alone (--x-vector-only). Every input problem names its flag.
+fn clone_voice(model: &Model, args: &SynthArgs) -> Result<ClonedVoice> {
+    let Some(path) = &args.ref_audio else {
+        bail!(
+            "--ref-audio is required for Base models: they clone the voice of a reference clip \
+             (with --ref-text for in-context cloning, or --x-vector-only)"
+        );
+    };
+    let mode = match (&args.ref_text, args.x_vector_only) {
+        (Some(_), true) => bail!("--ref-text is not used with --x-vector-only; pass one of them"),
+        (Some(text), false) if !text.trim().is_empty() => CloneMode::Icl { transcript: text },
+        (_, false) => bail!(
+            "--ref-text is required for in-context cloning: pass the transcript of --ref-audio, \
+             or use --x-vector-only"
+        ),
+        (None, true) => CloneMode::XVectorOnly,
+    };
+    let audio = ReferenceAudio::load(path)
+        .map_err(|e| anyhow::anyhow!("--ref-audio {}: {e}", path.display()))?;
+    let started = Instant::now();
+    let encoder = VoiceEncoder::from_checkpoint(&model.checkpoint)?;
+    let voice = encoder.encode(&audio, mode)?;
+    tracing::info!(
+        seconds = format!("{:.2}", audio.seconds()),
+        source_rate = audio.source_rate(),
+        reference_frames = voice.reference.as_ref().map_or(0, |r| r.codes.len()),
+        encode_ms = format!("{:.0}", 1e3 * started.elapsed().as_secs_f64()),
+        "encoded the reference voice"
+    );
+    Ok(voice)
 }
 
 fn write_wav(path: &std::path::Path, pcm: &[f32]) -> Result<()> {

@@ -267,28 +267,33 @@ async fn random_disconnects_and_cancels_leave_nothing_behind() {
     ]);
     let addr = server.addr;
     let mut rng = Lcg(0x5eed);
-    let mut run = |n: usize| {
-        let ops: Vec<(u64, u64)> = (0..n).map(|_| (rng.below(4), rng.below(6))).collect();
-        async move {
-            // Eight clients at a time.
-            for batch in ops.chunks(8) {
-                let clients: Vec<_> = batch
-                    .iter()
-                    .map(|&(kind, wait)| tokio::spawn(misbehave(addr, kind, wait)))
-                    .collect();
-                for client in clients {
-                    tokio::time::timeout(HANG, client)
-                        .await
-                        .expect("a client hung")
-                        .unwrap();
-                }
+    let mut plan =
+        |n: usize| -> Vec<(u64, u64)> { (0..n).map(|_| (rng.below(4), rng.below(6))).collect() };
+    let run = |ops: Vec<(u64, u64)>| async move {
+        // Eight clients at a time.
+        for batch in ops.chunks(8) {
+            let clients: Vec<_> = batch
+                .iter()
+                .map(|&(kind, wait)| tokio::spawn(misbehave(addr, kind, wait)))
+                .collect();
+            for client in clients {
+                tokio::time::timeout(HANG, client)
+                    .await
+                    .expect("a client hung")
+                    .unwrap();
             }
         }
     };
     // Warm-up: allocator pools, thread stacks and caches reach their working size.
-    run(40).await;
+    run(plan(40)).await;
     let before = wait_baseline(addr).await;
-    run(200).await;
+    let ops = plan(200);
+    // Clients that read audio before leaving surely had their session started.
+    let surely_started = ops
+        .iter()
+        .filter(|&&(kind, wait)| kind == 1 || (kind == 3 && wait > 0))
+        .count() as f64;
+    run(ops).await;
     let after = wait_baseline(addr).await;
 
     let started =
@@ -300,9 +305,8 @@ async fn random_disconnects_and_cancels_leave_nothing_behind() {
             after.get(&key).unwrap_or(&0.0) - before.get(&key).unwrap_or(&0.0)
         })
         .sum();
-    // Most clients got as far as synthesis (some left before their session started), and every
-    // session's end was accounted for.
-    assert!(started >= 100.0, "{started} sessions started");
+    // Sessions ran (some clients left before theirs started), and every end was accounted for.
+    assert!(started >= surely_started, "{started} sessions started");
     assert!(
         finished >= started,
         "{finished} sessions ended, {started} started"

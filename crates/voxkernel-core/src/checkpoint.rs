@@ -6,15 +6,15 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::os::unix::fs::FileExt;
 
 use safetensors::Dtype;
 use safetensors::tensor::Metadata;
 
 use crate::config::{
-    CodePredictorConfig, CodecDecoderConfig, GenerationConfig, ModelConfig, ModelType,
-    SpeakerEncoderConfig, SpeechTokenizerConfig, TalkerConfig,
+    CodePredictorConfig, CodecDecoderConfig, CodecEncoderConfig, GenerationConfig, ModelConfig,
+    ModelType, SpeakerEncoderConfig, SpeechTokenizerConfig, TalkerConfig,
 };
 
 /// A safetensors file whose header is parsed up front and whose tensors are read on demand
@@ -216,9 +216,8 @@ pub fn expected_tensors(
     config: &ModelConfig,
     codec: &SpeechTokenizerConfig,
 ) -> Result<Vec<ExpectedTensor>> {
-    let encoder: MimiEncoderConfig = serde_json::from_value(codec.encoder_config.clone())
-        .context("speech_tokenizer/config.json: parsing encoder_config")?;
-    check_counts(config, codec, &encoder)?;
+    let encoder = &codec.encoder_config;
+    check_counts(config, codec, encoder)?;
     let mut model = TensorList::new(WeightFile::Model);
     push_talker(&mut model, &config.talker);
     push_code_predictor(
@@ -231,7 +230,7 @@ pub fn expected_tensors(
     }
     let mut speech = TensorList::new(WeightFile::SpeechTokenizer);
     push_codec_decoder(&mut speech, &codec.decoder_config);
-    push_codec_encoder(&mut speech, &encoder);
+    push_codec_encoder(&mut speech, encoder);
     let mut all = model.tensors;
     all.extend(speech.tensors);
     all.sort_by(|a, b| (a.file, &a.name).cmp(&(b.file, &b.name)));
@@ -242,7 +241,7 @@ pub fn expected_tensors(
 fn check_counts(
     config: &ModelConfig,
     codec: &SpeechTokenizerConfig,
-    encoder: &MimiEncoderConfig,
+    encoder: &CodecEncoderConfig,
 ) -> Result<()> {
     let predictor_groups = config.talker.code_predictor_config.num_code_groups;
     if predictor_groups < 2 {
@@ -604,39 +603,9 @@ fn push_codec_decoder(list: &mut TensorList, d: &CodecDecoderConfig) {
     );
 }
 
-/// The fields of `encoder_config` (a transformers `MimiConfig`) that fix tensor shapes.
-#[derive(Debug, Deserialize)]
-struct MimiEncoderConfig {
-    #[serde(rename = "_frame_rate")]
-    frame_rate: Option<f64>,
-    sampling_rate: usize,
-    audio_channels: usize,
-    hidden_size: usize,
-    num_filters: usize,
-    upsampling_ratios: Vec<usize>,
-    kernel_size: usize,
-    last_kernel_size: usize,
-    residual_kernel_size: usize,
-    compress: usize,
-    num_residual_layers: usize,
-    use_conv_shortcut: bool,
-    num_hidden_layers: usize,
-    num_attention_heads: usize,
-    num_key_value_heads: usize,
-    head_dim: usize,
-    intermediate_size: usize,
-    #[serde(default)]
-    attention_bias: bool,
-    codebook_size: usize,
-    codebook_dim: usize,
-    num_quantizers: usize,
-    num_semantic_quantizers: usize,
-    vector_quantization_hidden_dimension: usize,
-}
-
 /// `MimiModel` without its decoder half (transformers modeling_mimi.py: `MimiEncoder`,
 /// `MimiTransformerModel`, the downsample conv and `MimiSplitResidualVectorQuantizer`).
-fn push_codec_encoder(list: &mut TensorList, e: &MimiEncoderConfig) {
+fn push_codec_encoder(list: &mut TensorList, e: &CodecEncoderConfig) {
     let seanet = "encoder.encoder.layers";
     let mut index = 0;
     list.conv(
@@ -721,13 +690,7 @@ fn push_codec_encoder(list: &mut TensorList, e: &MimiEncoderConfig) {
 
     // MimiModel adds the stride-2 downsample only when the SEANet rate differs from the
     // frame rate (MimiConfig.encodec_frame_rate / frame_rate).
-    let hop: usize = e.upsampling_ratios.iter().product();
-    let encodec_frame_rate = e.sampling_rate.div_ceil(hop) as f64;
-    let frame_rate = e
-        .frame_rate
-        .unwrap_or(e.sampling_rate as f64 / (hop * 2) as f64);
-    if frame_rate != encodec_frame_rate {
-        let kernel = 2 * (encodec_frame_rate / frame_rate) as usize;
+    if let Some(kernel) = e.downsample_kernel() {
         list.conv(
             "encoder.downsample.conv",
             [e.hidden_size, e.hidden_size, kernel],

@@ -257,7 +257,7 @@ pub struct SpeechTokenizerConfig {
     pub decode_upsample_rate: usize,
     pub encode_downsample_rate: usize,
     pub decoder_config: CodecDecoderConfig,
-    pub encoder_config: serde_json::Value,
+    pub encoder_config: CodecEncoderConfig,
 }
 
 /// `speech_tokenizer/config.json` → `decoder_config`.
@@ -281,6 +281,70 @@ pub struct CodecDecoderConfig {
     pub vector_quantization_hidden_dimension: usize,
     pub upsample_rates: Vec<usize>,
     pub upsampling_ratios: Vec<usize>,
+}
+
+/// `speech_tokenizer/config.json` → `encoder_config`: a transformers `MimiConfig` whose decoder
+/// half the checkpoint does not carry. Fields the encoder does not read are left out.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CodecEncoderConfig {
+    /// Codes per second after the downsample (12.5); `None` derives it as transformers does.
+    #[serde(rename = "_frame_rate")]
+    pub frame_rate: Option<f64>,
+    pub sampling_rate: usize,
+    pub audio_channels: usize,
+    pub hidden_size: usize,
+    pub num_filters: usize,
+    /// SEANet strides in decoder order; the encoder applies them reversed.
+    pub upsampling_ratios: Vec<usize>,
+    pub kernel_size: usize,
+    pub last_kernel_size: usize,
+    pub residual_kernel_size: usize,
+    pub dilation_growth_rate: usize,
+    pub compress: usize,
+    pub num_residual_layers: usize,
+    pub use_causal_conv: bool,
+    pub pad_mode: String,
+    pub use_conv_shortcut: bool,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub intermediate_size: usize,
+    pub hidden_act: String,
+    pub norm_eps: f64,
+    pub rope_theta: f64,
+    #[serde(default)]
+    pub attention_bias: bool,
+    pub codebook_size: usize,
+    pub codebook_dim: usize,
+    pub num_quantizers: usize,
+    pub num_semantic_quantizers: usize,
+    pub vector_quantization_hidden_dimension: usize,
+}
+
+impl CodecEncoderConfig {
+    /// Samples per SEANet output step (960 as released).
+    pub fn seanet_hop(&self) -> usize {
+        self.upsampling_ratios.iter().product()
+    }
+
+    /// The SEANet rate, `MimiConfig.encodec_frame_rate` (ceil(24000 / 960) = 25).
+    pub fn encodec_frame_rate(&self) -> f64 {
+        self.sampling_rate.div_ceil(self.seanet_hop()) as f64
+    }
+
+    /// `MimiConfig.frame_rate`: `_frame_rate`, or half the SEANet rate when absent.
+    pub fn frame_rate(&self) -> f64 {
+        self.frame_rate
+            .unwrap_or(self.sampling_rate as f64 / (self.seanet_hop() * 2) as f64)
+    }
+
+    /// Kernel of the stride-2 downsample conv `MimiModel` adds when the two rates differ
+    /// (`2 * encodec_frame_rate / frame_rate` = 4), or `None` when they do not.
+    pub fn downsample_kernel(&self) -> Option<usize> {
+        let ratio = self.encodec_frame_rate() / self.frame_rate();
+        (ratio != 1.0).then(|| 2 * ratio as usize)
+    }
 }
 
 impl SpeechTokenizerConfig {

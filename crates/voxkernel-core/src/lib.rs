@@ -11,3 +11,4 @@ pub mod prompt;
 pub mod reference;
 pub mod sampling;
 pub mod tokenizer;
+pub mod voice_clone;

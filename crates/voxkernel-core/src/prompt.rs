@@ -113,11 +113,14 @@ pub enum Voice {
     Design,
     /// Base, x-vector only (`x_vector_only_mode=True`): a speaker-encoder vector of talker width.
     XVector(Vec<f32>),
-    /// Base, in-context cloning (`icl_mode`): the reference audio's x-vector and codes; the
-    /// reference transcript goes in `TextIds::reference`.
+    /// Base, in-context cloning (`icl_mode`): the reference audio's x-vector, codes and
+    /// transcript. The planner reads the transcript's ids from `TextIds::reference`; the
+    /// text is here so that every request path carrying the voice can tokenize it
+    /// (`engine::Model::reference_text_ids`).
     Clone {
         x_vector: Vec<f32>,
         reference_codes: Vec<Frame>,
+        reference_text: String,
     },
 }
 
@@ -245,6 +248,7 @@ pub fn build_plan_with_limits(
         Voice::Clone {
             x_vector,
             reference_codes,
+            ..
         } => (Some(x_vector.clone()), reference_codes.clone()),
         Voice::Speaker(_) | Voice::Design => (None, Vec::new()),
     };

@@ -166,6 +166,8 @@ fn clone_voice(frames: usize) -> Voice {
     Voice::Clone {
         x_vector: x_vector(),
         reference_codes: reference_frames(frames),
+        // The planner reads the transcript's ids from TextIds::reference.
+        reference_text: String::new(),
     }
 }
 
@@ -304,6 +306,7 @@ fn voice_json(voice: &Voice) -> Value {
         Voice::Clone {
             x_vector,
             reference_codes,
+            ..
         } => json!({"kind": "clone", "width": x_vector.len(), "reference_codes": reference_codes}),
     }
 }
@@ -942,6 +945,7 @@ fn x_vector_of_the_wrong_width_is_rejected() {
     let voice = Voice::Clone {
         x_vector: vec![0.0; 7],
         reference_codes: reference_frames(2),
+        reference_text: String::new(),
     };
     let msg = error_of(
         Variant::Base0b6,
@@ -1003,6 +1007,7 @@ fn icl_needs_reference_text_and_codes() {
     let voice = Voice::Clone {
         x_vector: x_vector(),
         reference_codes: frames,
+        reference_text: String::new(),
     };
     let msg = error_of(
         Variant::Base0b6,

@@ -52,6 +52,17 @@ impl Model {
         })
     }
 
+    /// The ids of an in-context voice's transcript (`TextIds::reference`), `None` for every
+    /// other voice.
+    pub fn reference_text_ids(&self, voice: &Voice) -> Result<Option<Vec<u32>>> {
+        match voice {
+            Voice::Clone { reference_text, .. } => {
+                Ok(Some(self.tokenizer.reference_text_ids(reference_text)?))
+            }
+            _ => Ok(None),
+        }
+    }
+
     pub fn plan(&self, request: &SpeechRequest) -> Result<PromptPlan> {
         let instruct = request
             .instruct
@@ -63,7 +74,7 @@ impl Model {
             target: self.tokenizer.target_text_ids(&request.text)?,
             target_role: Some(self.tokenizer.target_role_ids(&request.text)?),
             instruct,
-            reference: None,
+            reference: self.reference_text_ids(&request.voice)?,
         };
         let prompt_request = PromptRequest {
             voice: request.voice.clone(),

@@ -321,7 +321,7 @@ impl Live {
             target: committed.to_vec(),
             target_role: Some(model.tokenizer.target_role_ids(self.text.text())?),
             instruct: self.instruct.clone(),
-            reference: None,
+            reference: model.reference_text_ids(&self.prompt.voice)?,
         };
         // The engine's limits, which `prepare` already checked the text against.
         let mut plan =
@@ -540,7 +540,7 @@ impl Worker {
         };
         let started = Instant::now();
         let slot = self.frames.start(&spec)?;
-        let codec_slot = match self.codec.open() {
+        let codec_slot = match self.open_codec(&spec.plan.reference_codes) {
             Ok(c) => c,
             Err(e) => {
                 self.frames.release(slot);
@@ -557,6 +557,21 @@ impl Worker {
         live.trailing_known = trailing_known;
         live.started = Some(started);
         Ok(())
+    }
+
+    /// A codec stream for a new session. An in-context voice's audio continues its reference:
+    /// qwen-tts decodes `concat(reference, generated)` and cuts the reference part off, so the
+    /// stream is primed with the reference codes and their samples dropped (the official cut can
+    /// keep one more sample of float rounding, docs/voice_clone.md).
+    fn open_codec(&mut self, reference: &[Frame]) -> Result<CodecSlot> {
+        let slot = self.codec.open()?;
+        if !reference.is_empty()
+            && let Err(e) = self.codec.decode(&[(slot, reference)])
+        {
+            self.codec.release(slot);
+            return Err(e);
+        }
+        Ok(slot)
     }
 
     /// One frame for every runnable session, in one backend call.

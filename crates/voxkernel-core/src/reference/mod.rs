@@ -2,6 +2,9 @@
 //! judged against. One concept per file:
 //! - [`weights`]: checkpoint tensors as f32 candle tensors;
 //! - [`codec_decoder`]: the speech tokenizer's decoder (codes to waveform), one-pass and streaming;
+//! - [`codec_encoder`]: the speech tokenizer's encoder (waveform to codes; voice cloning);
+//! - [`mel`] and [`speaker_encoder`]: reference audio to the Base models' x-vector;
+//! - [`conv1d`]: the padded time-major convolution both encoders are built from;
 //! - [`transformer`]: the Qwen3 decoder stack shared by the talker and the code predictor;
 //! - [`embeddings`]: `TP`, `CE`, `FRAME` and the prompt plan's prefill and trailing rows;
 //! - [`talker`]: the talker and its codec head;
@@ -13,9 +16,13 @@
 mod backend;
 mod code_predictor;
 pub mod codec_decoder;
+pub mod codec_encoder;
+mod conv1d;
 mod embeddings;
+pub mod mel;
 mod model;
 mod sequence;
+pub mod speaker_encoder;
 mod talker;
 mod transformer;
 mod weights;

@@ -308,6 +308,39 @@ pub async fn collect_context(
     }
 }
 
+/// Every listed context's audio and `done`, counting messages already `received` first, and
+/// reading until each is done (in whatever order they finish).
+pub async fn collect_contexts(
+    ws: &mut Ws,
+    ids: &[&str],
+    received: Vec<Received>,
+) -> HashMap<String, (Vec<i16>, Value)> {
+    let mut pcm: HashMap<String, Vec<i16>> = HashMap::new();
+    let mut done = HashMap::new();
+    let mut pending = received.into_iter();
+    while ids.iter().any(|id| !done.contains_key(*id)) {
+        let message = match pending.next() {
+            Some(message) => message,
+            None => recv(ws).await,
+        };
+        match message {
+            Received::Audio { context_id, pcm: p } => pcm.entry(context_id).or_default().extend(p),
+            Received::Json(v) => {
+                assert_eq!(v["type"], "done", "{v}");
+                done.insert(v["context_id"].as_str().unwrap().to_string(), v);
+            }
+        }
+    }
+    ids.iter()
+        .map(|&id| {
+            let id = id.to_string();
+            let audio = pcm.remove(&id).unwrap_or_default();
+            let done = done.remove(&id).unwrap();
+            (id, (audio, done))
+        })
+        .collect()
+}
+
 pub fn pcm_of(bytes: &[u8]) -> Vec<i16> {
     bytes
         .chunks(2)

@@ -266,6 +266,8 @@ async fn info_endpoints_and_metrics() {
 
     let response = post_json(addr, "/v1/audio/speech", &speech(json!({}))).await;
     assert_eq!(response.status, 200);
+    // The engine frees the slot just after the last audio goes out.
+    server.wait_idle().await;
     let metrics = metrics(addr).await;
     assert_eq!(metrics["voxkernel_time_to_first_audio_seconds_count"], 1.0);
     assert_eq!(metrics["voxkernel_rtf_count"], 1.0);

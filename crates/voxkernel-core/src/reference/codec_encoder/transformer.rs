@@ -1,0 +1,188 @@
+//! Mimi's encoder transformer (transformers `MimiTransformerModel`) at 25 Hz: pre-LayerNorm
+//! layers (with bias) of RoPE attention and a GELU MLP, each output scaled per channel before its
+//! residual add, no final norm.
+//!
+//! The attention is plain causal over the whole clip. `MimiConfig.sliding_window` (250) is NOT
+//! applied: transformers 4.57.3 builds this model's mask with `create_causal_mask`, which ignores
+//! it, so a clip over 10 s attends further back than 250 steps, and so do we.
+
+use anyhow::{Result, ensure};
+use candle_core::{D, Device, Module, Tensor};
+use candle_nn::Linear;
+
+use crate::config::CodecEncoderConfig;
+use crate::reference::weights::Weights;
+
+struct Layer {
+    input_norm: (Tensor, Tensor),
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    attn_scale: Tensor,
+    post_attention_norm: (Tensor, Tensor),
+    fc1: Linear,
+    fc2: Linear,
+    mlp_scale: Tensor,
+}
+
+pub(super) struct EncoderTransformer {
+    layers: Vec<Layer>,
+    heads: usize,
+    head_dim: usize,
+    norm_eps: f32,
+    /// RoPE frequencies in f32, as the official rotary embedding computes them.
+    inverse_frequencies: Vec<f32>,
+}
+
+impl EncoderTransformer {
+    /// `weights` under `encoder.encoder_transformer.`.
+    pub(super) fn load(weights: &Weights, c: &CodecEncoderConfig) -> Result<Self> {
+        ensure!(
+            c.num_key_value_heads == c.num_attention_heads,
+            "speech_tokenizer encoder_config.num_key_value_heads is {} but only {} (= \
+             num_attention_heads, as released) is supported",
+            c.num_key_value_heads,
+            c.num_attention_heads
+        );
+        ensure!(
+            c.hidden_act == "gelu",
+            "speech_tokenizer encoder_config.hidden_act {:?} is not supported (gelu)",
+            c.hidden_act
+        );
+        ensure!(
+            c.head_dim.is_multiple_of(2),
+            "speech_tokenizer encoder_config.head_dim must be even for RoPE, got {}",
+            c.head_dim
+        );
+        let (hidden, width) = (c.hidden_size, c.num_attention_heads * c.head_dim);
+        let bias = c.attention_bias;
+        let layers = (0..c.num_hidden_layers)
+            .map(|i| {
+                let w = weights.sub(&format!("layers.{i}"));
+                let norm = |name: &str| -> Result<(Tensor, Tensor)> {
+                    Ok((
+                        w.tensor(&format!("{name}.weight"), &[hidden])?,
+                        w.tensor(&format!("{name}.bias"), &[hidden])?,
+                    ))
+                };
+                Ok(Layer {
+                    input_norm: norm("input_layernorm")?,
+                    q_proj: w.linear("self_attn.q_proj", hidden, width, bias)?,
+                    k_proj: w.linear("self_attn.k_proj", hidden, width, bias)?,
+                    v_proj: w.linear("self_attn.v_proj", hidden, width, bias)?,
+                    o_proj: w.linear("self_attn.o_proj", width, hidden, bias)?,
+                    attn_scale: w.tensor("self_attn_layer_scale.scale", &[hidden])?,
+                    post_attention_norm: norm("post_attention_layernorm")?,
+                    fc1: w.linear("mlp.fc1", hidden, c.intermediate_size, false)?,
+                    fc2: w.linear("mlp.fc2", c.intermediate_size, hidden, false)?,
+                    mlp_scale: w.tensor("mlp_layer_scale.scale", &[hidden])?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let inverse_frequencies = (0..c.head_dim / 2)
+            .map(|i| 1.0 / (c.rope_theta as f32).powf((2 * i) as f32 / c.head_dim as f32))
+            .collect();
+        Ok(Self {
+            layers,
+            heads: c.num_attention_heads,
+            head_dim: c.head_dim,
+            norm_eps: c.norm_eps as f32,
+            inverse_frequencies,
+        })
+    }
+
+    /// `[steps, hidden]` to the same shape, positions `0..steps`.
+    pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let steps = x.dim(0)?;
+        let (cos, sin) = self.rope_tables(steps, x.device())?;
+        let mask = causal_mask(steps, x.device())?;
+        let mut h = x.clone();
+        for layer in &self.layers {
+            let (w, b) = &layer.input_norm;
+            let normed = candle_nn::ops::layer_norm(&h, w, b, self.norm_eps)?;
+            let attended = self.attention(layer, &normed, &cos, &sin, &mask)?;
+            h = (h + attended.broadcast_mul(&layer.attn_scale)?)?;
+            let (w, b) = &layer.post_attention_norm;
+            let normed = candle_nn::ops::layer_norm(&h, w, b, self.norm_eps)?;
+            let mlp = layer
+                .fc2
+                .forward(&layer.fc1.forward(&normed)?.gelu_erf()?)?;
+            h = (h + mlp.broadcast_mul(&layer.mlp_scale)?)?;
+        }
+        Ok(h)
+    }
+
+    /// `cos`, `sin` `[steps, 1, head_dim]`; the angle is rounded to f32 before the trig, and
+    /// both halves share it (`cat(freqs, freqs)`), as the official f32 rotary embedding.
+    fn rope_tables(&self, steps: usize, device: &Device) -> Result<(Tensor, Tensor)> {
+        let mut cos = Vec::with_capacity(steps * self.head_dim);
+        let mut sin = Vec::with_capacity(steps * self.head_dim);
+        for position in 0..steps {
+            let angles: Vec<f32> = self
+                .inverse_frequencies
+                .iter()
+                .map(|f| f * position as f32)
+                .collect();
+            for _half in 0..2 {
+                cos.extend(angles.iter().map(|a| a.cos()));
+                sin.extend(angles.iter().map(|a| a.sin()));
+            }
+        }
+        let shape = (steps, 1, self.head_dim);
+        Ok((
+            Tensor::from_vec(cos, shape, device)?,
+            Tensor::from_vec(sin, shape, device)?,
+        ))
+    }
+
+    /// `[steps, heads * head_dim]` to `[heads, steps, head_dim]` with `x * cos + rotate_half(x) *
+    /// sin` applied when `rope` is given.
+    fn heads_first(&self, x: &Tensor, rope: Option<(&Tensor, &Tensor)>) -> Result<Tensor> {
+        let steps = x.dim(0)?;
+        let x = x.reshape((steps, self.heads, self.head_dim))?;
+        let x = match rope {
+            Some((cos, sin)) => {
+                let half = self.head_dim / 2;
+                let rotated = Tensor::cat(
+                    &[&x.narrow(2, half, half)?.neg()?, &x.narrow(2, 0, half)?],
+                    2,
+                )?;
+                (x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?)?
+            }
+            None => x,
+        };
+        Ok(x.transpose(0, 1)?.contiguous()?)
+    }
+
+    fn attention(
+        &self,
+        layer: &Layer,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: &Tensor,
+    ) -> Result<Tensor> {
+        let steps = x.dim(0)?;
+        let rope = Some((cos, sin));
+        let query = self.heads_first(&layer.q_proj.forward(x)?, rope)?;
+        let key = self.heads_first(&layer.k_proj.forward(x)?, rope)?;
+        let value = self.heads_first(&layer.v_proj.forward(x)?, None)?;
+        let scale = (self.head_dim as f64).powf(-0.5);
+        let scores = (query.matmul(&key.t()?)? * scale)?.broadcast_add(mask)?;
+        let probs = candle_nn::ops::softmax(&scores, D::Minus1)?;
+        let out = probs
+            .matmul(&value)?
+            .transpose(0, 1)?
+            .reshape((steps, self.heads * self.head_dim))?;
+        Ok(layer.o_proj.forward(&out)?)
+    }
+}
+
+/// Additive `[steps, steps]` mask: query `q` sees keys `0..=q`.
+fn causal_mask(steps: usize, device: &Device) -> Result<Tensor> {
+    let mask: Vec<f32> = (0..steps)
+        .flat_map(|q| (0..steps).map(move |k| if k <= q { 0.0 } else { f32::NEG_INFINITY }))
+        .collect();
+    Ok(Tensor::from_vec(mask, (steps, steps), device)?)
+}

@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 
-from make_ckpt import REFERENCE, build_checkpoint, build_config, randomise  # noqa: E402
+from make_ckpt import REFERENCE, build_checkpoint, build_config, condition_codec_decoder, randomise  # noqa: E402
 from make_fixtures import (Capture, check_unclamped, load_official, set_float32_numerics,  # noqa: E402
                            text_ids)
 
@@ -109,10 +109,7 @@ def rebuild_tiny_codec(out: Path):
     codec = Qwen3TTSTokenizerV2Model(Qwen3TTSTokenizerV2Config(**{k: v for k, v in st.items()
                                                                    if k != "model_type"}))
     randomise(codec, torch.Generator().manual_seed(CODEC_SEED))
-    with torch.no_grad():  # as make_ckpt: keep the waveform off the final clamp
-        last = codec.decoder.decoder[-1].conv
-        last.weight.mul_(0.004)
-        last.bias.mul_(0.004)
+    condition_codec_decoder(codec.decoder)  # as make_ckpt: activations O(1), waveform off the clamp
     codec.to(torch.float32).save_pretrained(out / "speech_tokenizer", safe_serialization=True)
 
 

@@ -19,6 +19,7 @@ use candle_core::{Device, Module, Tensor};
 use candle_nn::Linear;
 
 use self::conv::{CausalConv, CausalTransConv, DepthwiseCausalConv, History, LayerNorm, SnakeBeta};
+pub(crate) use self::transformer::rope_tables;
 use self::transformer::{PreTransformer, TransformerState};
 use super::weights::Weights;
 use crate::backend::{Frame, NUM_CODE_GROUPS};

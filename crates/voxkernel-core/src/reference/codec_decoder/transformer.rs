@@ -130,7 +130,7 @@ impl PreTransformer {
     pub(super) fn forward(&self, state: &mut TransformerState, x: &Tensor) -> Result<Tensor> {
         let frames = x.dim(0)?;
         let first = state.next_position;
-        let (cos, sin) = self.rope_tables(first, frames, x.device())?;
+        let (cos, sin) = rope_tables(&self.inverse_frequencies, first, frames, x.device())?;
         let mut hidden = self.input_proj.forward(x)?;
         for (layer, window) in self.layers.iter().zip(&mut state.windows) {
             let normed = candle_nn::ops::rms_norm(&hidden, &layer.input_norm, self.rms_norm_eps)?;
@@ -147,35 +147,6 @@ impl PreTransformer {
         state.next_position += frames;
         let normed = candle_nn::ops::rms_norm(&hidden, &self.norm, self.rms_norm_eps)?;
         Ok(self.output_proj.forward(&normed)?)
-    }
-
-    /// `cos` and `sin` `[frames, head_dim]` for absolute positions `first..first + frames`,
-    /// the angle rounded to f32 before the trig, as the official f32 rotary embedding.
-    fn rope_tables(
-        &self,
-        first: usize,
-        frames: usize,
-        device: &Device,
-    ) -> Result<(Tensor, Tensor)> {
-        let mut cos = Vec::with_capacity(frames * self.head_dim);
-        let mut sin = Vec::with_capacity(frames * self.head_dim);
-        for position in first..first + frames {
-            let angles: Vec<f32> = self
-                .inverse_frequencies
-                .iter()
-                .map(|f| f * position as f32)
-                .collect();
-            // The official table is cat(freqs, freqs): both halves share the angles.
-            for _half in 0..2 {
-                cos.extend(angles.iter().map(|a| a.cos()));
-                sin.extend(angles.iter().map(|a| a.sin()));
-            }
-        }
-        let shape = (frames, 1, self.head_dim);
-        Ok((
-            Tensor::from_vec(cos, shape, device)?,
-            Tensor::from_vec(sin, shape, device)?,
-        ))
     }
 
     /// `x * cos + rotate_half(x) * sin` on `[frames, heads * head_dim]`.
@@ -262,4 +233,34 @@ fn append_window(kept: &mut Option<Tensor>, new: &Tensor, capacity: usize) -> Re
         _ => Some(all.narrow(0, rows - keep, keep)?.copy()?),
     };
     Ok(all)
+}
+
+/// `cos` and `sin` `[positions, 1, head_dim]` for absolute positions `first..first + count`,
+/// the angle rounded to f32 before the trig, as the official f32 rotary embedding (shared by the
+/// codec's decoder and encoder transformers).
+pub(crate) fn rope_tables(
+    inverse_frequencies: &[f32],
+    first: usize,
+    count: usize,
+    device: &Device,
+) -> Result<(Tensor, Tensor)> {
+    let head_dim = 2 * inverse_frequencies.len();
+    let mut cos = Vec::with_capacity(count * head_dim);
+    let mut sin = Vec::with_capacity(count * head_dim);
+    for position in first..first + count {
+        let angles: Vec<f32> = inverse_frequencies
+            .iter()
+            .map(|f| f * position as f32)
+            .collect();
+        // The official table is cat(freqs, freqs): both halves share the angles.
+        for _half in 0..2 {
+            cos.extend(angles.iter().map(|a| a.cos()));
+            sin.extend(angles.iter().map(|a| a.sin()));
+        }
+    }
+    let shape = (count, 1, head_dim);
+    Ok((
+        Tensor::from_vec(cos, shape, device)?,
+        Tensor::from_vec(sin, shape, device)?,
+    ))
 }

@@ -11,6 +11,7 @@ use candle_core::{D, Device, Module, Tensor};
 use candle_nn::Linear;
 
 use crate::config::CodecEncoderConfig;
+use crate::reference::codec_decoder::rope_tables;
 use crate::reference::weights::Weights;
 
 struct Layer {
@@ -95,7 +96,7 @@ impl EncoderTransformer {
     /// `[steps, hidden]` to the same shape, positions `0..steps`.
     pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let steps = x.dim(0)?;
-        let (cos, sin) = self.rope_tables(steps, x.device())?;
+        let (cos, sin) = rope_tables(&self.inverse_frequencies, 0, steps, x.device())?;
         let mask = causal_mask(steps, x.device())?;
         let mut h = x.clone();
         for layer in &self.layers {
@@ -111,29 +112,6 @@ impl EncoderTransformer {
             h = (h + mlp.broadcast_mul(&layer.mlp_scale)?)?;
         }
         Ok(h)
-    }
-
-    /// `cos`, `sin` `[steps, 1, head_dim]`; the angle is rounded to f32 before the trig, and
-    /// both halves share it (`cat(freqs, freqs)`), as the official f32 rotary embedding.
-    fn rope_tables(&self, steps: usize, device: &Device) -> Result<(Tensor, Tensor)> {
-        let mut cos = Vec::with_capacity(steps * self.head_dim);
-        let mut sin = Vec::with_capacity(steps * self.head_dim);
-        for position in 0..steps {
-            let angles: Vec<f32> = self
-                .inverse_frequencies
-                .iter()
-                .map(|f| f * position as f32)
-                .collect();
-            for _half in 0..2 {
-                cos.extend(angles.iter().map(|a| a.cos()));
-                sin.extend(angles.iter().map(|a| a.sin()));
-            }
-        }
-        let shape = (steps, 1, self.head_dim);
-        Ok((
-            Tensor::from_vec(cos, shape, device)?,
-            Tensor::from_vec(sin, shape, device)?,
-        ))
     }
 
     /// `[steps, heads * head_dim]` to `[heads, steps, head_dim]` with `x * cos + rotate_half(x) *

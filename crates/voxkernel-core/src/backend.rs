@@ -1,7 +1,7 @@
-//! The narrow interface every decode backend implements: prefill a sequence, then advance a
-//! batch of sequences by one audio frame at a time.
+//! The narrow interface every decode backend implements: prefill new sequences (several at
+//! once), then advance a batch of sequences by one audio frame at a time.
 
-use anyhow::Result;
+use anyhow::{Result, anyhow};
 
 use crate::prompt::PromptPlan;
 use crate::sampling::SamplingConfig;
@@ -43,8 +43,18 @@ pub enum FrameEvent {
 pub trait FrameBackend: Send {
     /// Human-readable backend and device name.
     fn name(&self) -> String;
-    /// Run the prefill of a new sequence and sample its first codebook-0 token.
-    fn start(&mut self, spec: &SequenceSpec) -> Result<SlotId>;
+    /// Run the prefill of each new sequence and sample its first codebook-0 token; a backend
+    /// may run the prefills of one call together. Returns one result per spec, in order. A spec
+    /// the backend cannot start (invalid for it, no free slot) fails alone and holds no slot;
+    /// a failure of the backend itself fails every spec of the call and keeps none of their
+    /// slots.
+    fn start(&mut self, specs: &[SequenceSpec]) -> Vec<Result<SlotId>>;
+    /// [`start`](Self::start) with one spec.
+    fn start_one(&mut self, spec: &SequenceSpec) -> Result<SlotId> {
+        self.start(std::slice::from_ref(spec))
+            .pop()
+            .unwrap_or_else(|| Err(anyhow!("the backend returned no result for the spec")))
+    }
     /// Advance every listed sequence by one frame. Events come back in the order of `slots`.
     /// A finished sequence keeps answering `Finished` until it is released.
     fn step(&mut self, slots: &[SlotId]) -> Result<Vec<FrameEvent>>;

@@ -1,11 +1,12 @@
 //! The streaming engine on the CPU backends with the tiny fixture checkpoints: sessions run
-//! alone and side by side give the same codes and PCM, the chunk schedule, streaming text,
-//! cancellation, the runaway guard, admission limits and request validation.
+//! alone and side by side give the same codes and PCM, sessions waiting together start in one
+//! backend call, the chunk schedule, streaming text, cancellation, the runaway guard, admission
+//! limits and request validation.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, mpsc};
 
-use voxkernel_core::backend::{Frame, SequenceSpec};
+use voxkernel_core::backend::{Frame, FrameBackend, FrameEvent, SequenceSpec, SlotId};
 use voxkernel_core::engine::{
     self, ChunkSchedule, EndReason, Engine, EngineOptions, Model, OpenError, RunawayGuard, Session,
     SessionEvent, SessionRequest, SpeechRequest, Usage,
@@ -182,6 +183,130 @@ fn concurrent_sessions_equal_their_solo_runs() {
     assert_eq!(together, solo);
     // Different seeds and texts really differ, so the comparison above means something.
     assert_ne!(solo[0].codes[..5], solo[2].codes[..5]);
+}
+
+/// The CPU reference backend, recording how many specs each `start` call carried. While the
+/// test holds `hold`, `step` waits (after saying so on `stepping`), so that sessions opened
+/// meanwhile queue up; specs with the seed `refuse_seed` are refused.
+struct Recording {
+    inner: ReferenceBackend,
+    starts: Arc<Mutex<Vec<usize>>>,
+    hold: Arc<Mutex<()>>,
+    stepping: mpsc::Sender<()>,
+    refuse_seed: u64,
+}
+
+impl FrameBackend for Recording {
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+
+    fn start(&mut self, specs: &[SequenceSpec]) -> Vec<anyhow::Result<SlotId>> {
+        self.starts.lock().unwrap().push(specs.len());
+        specs
+            .iter()
+            .map(|spec| {
+                if spec.sampling.seed == self.refuse_seed {
+                    anyhow::bail!(
+                        "sampling.seed: {} is refused by this test",
+                        self.refuse_seed
+                    );
+                }
+                self.inner.start_one(spec)
+            })
+            .collect()
+    }
+
+    fn step(&mut self, slots: &[SlotId]) -> anyhow::Result<Vec<FrameEvent>> {
+        let _ = self.stepping.send(());
+        drop(self.hold.lock().unwrap());
+        self.inner.step(slots)
+    }
+
+    fn append_trailing(&mut self, slot: SlotId, ids: &[u32]) -> anyhow::Result<()> {
+        self.inner.append_trailing(slot, ids)
+    }
+
+    fn release(&mut self, slot: SlotId) {
+        self.inner.release(slot)
+    }
+}
+
+#[test]
+fn sessions_waiting_together_start_in_one_backend_call() {
+    let model = load("tiny-custom-voice");
+    let starts = Arc::new(Mutex::new(Vec::new()));
+    let hold = Arc::new(Mutex::new(()));
+    let (stepping, stepped) = mpsc::channel();
+    let frames = Recording {
+        inner: ReferenceBackend::new(&model.checkpoint).unwrap(),
+        starts: Arc::clone(&starts),
+        hold: Arc::clone(&hold),
+        stepping,
+        refuse_seed: 99,
+    };
+    let decoder = Arc::new(CodecDecoder::from_checkpoint(&model.checkpoint).unwrap());
+    let options = EngineOptions {
+        max_active: 5,
+        ..EngineOptions::default()
+    };
+    let engine = Engine::start(
+        Arc::clone(&model),
+        Box::new(frames),
+        Box::new(ReferenceCodec::new(decoder)),
+        options,
+    )
+    .unwrap();
+
+    let held = hold.lock().unwrap();
+    let first = engine.open(request(&model, "First.", 1, 6)).unwrap();
+    // The engine thread is inside its first step: what is opened now waits for the next round.
+    stepped.recv().unwrap();
+    let texts = [
+        ("Good morning.", 2u64, 9usize),
+        ("How are you doing today?", 3, 7),
+        ("Refused.", 99, 5),
+        ("A somewhat longer sentence, to keep going.", 4, 8),
+    ];
+    let sessions: Vec<Session> = texts
+        .iter()
+        .map(|&(t, seed, n)| engine.open(request(&model, t, seed, n)).unwrap())
+        .collect();
+    drop(held);
+
+    let mut outcomes: Vec<Result<(Vec<Frame>, EndReason), String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = sessions
+            .into_iter()
+            .map(|mut session| {
+                scope.spawn(move || {
+                    let mut codes = Vec::new();
+                    loop {
+                        match session.events.blocking_recv().expect("no Done") {
+                            SessionEvent::Audio(chunk) => codes.extend(chunk.codes),
+                            SessionEvent::Done(usage) => return Ok((codes, usage.finish_reason)),
+                            SessionEvent::Error(e) => return Err(e),
+                        }
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(
+        collect(first).0.codes,
+        generate_codes(&model, "First.", 1, 6)
+    );
+    // The four waiting sessions: one backend call, after the first session's own.
+    assert_eq!(*starts.lock().unwrap(), vec![1, 4]);
+    let refused = outcomes.remove(2).unwrap_err();
+    assert!(refused.contains("sampling.seed"), "{refused}");
+    for (outcome, &(text, seed, n)) in outcomes.into_iter().zip(texts.iter().filter(|t| t.1 != 99))
+    {
+        let (codes, end) = outcome.unwrap();
+        assert_eq!(codes, generate_codes(&model, text, seed, n), "{text}");
+        assert_eq!(end, EndReason::MaxFrames);
+    }
+    wait_idle(&engine);
 }
 
 #[test]

@@ -186,7 +186,7 @@ fn greedy_sampling() -> SamplingConfig {
 
 /// Drives one sequence to its end through the backend interface.
 fn run_to_end(backend: &mut ReferenceBackend, spec: &SequenceSpec) -> (Vec<Frame>, FinishReason) {
-    let slot = backend.start(spec).unwrap();
+    let slot = backend.start_one(spec).unwrap();
     let mut frames = Vec::new();
     loop {
         match backend.step(&[slot]).unwrap()[0] {
@@ -378,8 +378,8 @@ fn interleaved_slots_match_sequential_runs_and_max_frames_is_honoured() {
     };
     let (sampled_alone, _) = run_to_end(&mut backend, &sampled_spec);
 
-    let a = backend.start(&greedy_spec).unwrap();
-    let b = backend.start(&sampled_spec).unwrap();
+    let a = backend.start_one(&greedy_spec).unwrap();
+    let b = backend.start_one(&sampled_spec).unwrap();
     let mut frames: [Vec<Frame>; 2] = [Vec::new(), Vec::new()];
     let mut finished: [Option<FinishReason>; 2] = [None, None];
     for _ in 0..7 {
@@ -434,7 +434,7 @@ fn bad_requests_are_rejected_with_the_field_named() {
         sampling,
         max_frames: 4,
     };
-    let err = backend.start(&spec).unwrap_err();
+    let err = backend.start_one(&spec).unwrap_err();
     assert!(err.to_string().contains("talker.temperature"), "{err}");
 
     plan.prefill[5].codec = CodecSource::SpeakerVector;
@@ -443,6 +443,6 @@ fn bad_requests_are_rejected_with_the_field_named() {
         sampling: greedy_sampling(),
         max_frames: 4,
     };
-    let err = backend.start(&spec).unwrap_err();
+    let err = backend.start_one(&spec).unwrap_err();
     assert!(err.to_string().contains("speaker_vector"), "{err}");
 }

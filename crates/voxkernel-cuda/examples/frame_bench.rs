@@ -80,6 +80,7 @@ fn main() -> Result<()> {
         CudaOptions {
             max_slots: 1,
             max_len: total + 64,
+            ..CudaOptions::default()
         },
     )?;
     let g = &ckpt.generation;
@@ -105,7 +106,7 @@ fn main() -> Result<()> {
         sampling,
         max_frames: total,
     };
-    let slot = backend.start(&spec)?;
+    let slot = backend.start_one(&spec)?;
     let mut times_ms = Vec::with_capacity(args.frames);
     for i in 0..total {
         let started = Instant::now();

@@ -3,7 +3,8 @@
 // One cooperative launch advances up to MAX_B sequences by one audio frame:
 //   code predictor (16 single-token passes: past_hidden, CE(c0), then 14 group embeddings),
 //   sub-talker sampling, frame embedding + trailing text row, one talker step, codec head,
-//   codebook-0 sampling. The same kernel in PREFILL mode runs one talker row per launch.
+//   codebook-0 sampling. In HEAD mode it only finishes a prefill (prefill.cu leaves each
+//   sequence's last talker row in x): final norm, codec head, past_hidden, codebook-0 sampling.
 // Activations stay f32 (global scratch + shared memory); weights are bf16, streamed once.
 // No toolkit headers: NVRTC compiles this file with nothing but its own builtins.
 
@@ -16,7 +17,7 @@ typedef unsigned long long u64;
 #define THREADS (WARPS * 32)
 #define MAX_HEAD_DIM 256
 #define MODE_FRAME 0
-#define MODE_PREFILL 1
+#define MODE_HEAD 1
 #define NEG_INF (-__int_as_float(0x7f800000))
 // Per-sequence words of `codes`: [0,16) the frame's codes, 16 the next codebook 0, 17 the EOS
 // flag, [18,34) the kernel's own choice for each group and 34 for the next codebook 0 (they
@@ -65,7 +66,6 @@ struct Params {
   float* trailing;                // [slots][max_trailing][H]
   unsigned char* seen;            // [slots][vocab]
   float* talker_logits;           // [slots][vocab]
-  float* prefill_rows;            // [rows][H]
   float* x;                       // [MAX_B][max_hidden]
   float* qkv;                     // [MAX_B][max_qkv]
   float* attn;                    // [MAX_B][max_q]
@@ -76,7 +76,7 @@ struct Params {
   int vocab, cp_vocab, groups, eos_id, max_trailing;
   int max_hidden, max_qkv, max_q, max_inter;
   int smem_x_floats;              // MAX_B * widest matvec input
-  int mode, batch, prefill_row, prefill_last, forced;
+  int mode, batch, forced;
   int slot[MAX_B];
   int pos[MAX_B];
   int step[MAX_B];
@@ -92,7 +92,7 @@ struct Params {
 
 // The host mirrors these structs (src/layout.rs); a size mismatch fails the compile.
 static_assert(sizeof(Stack) == 72, "Stack layout changed: update src/layout.rs");
-static_assert(sizeof(Params) == 880, "Params layout changed: update src/layout.rs");
+static_assert(sizeof(Params) == 864, "Params layout changed: update src/layout.rs");
 
 // ---------------------------------------------------------------------------------------------
 // small helpers
@@ -621,17 +621,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) frame_kernel(const Para
       }
     }
     code_predictor(p, nb, xs, red, redi, work, bar);
-  } else {
-    if (blockIdx.x == 0)
-      for (int i = threadIdx.x; i < H; i += THREADS)
-        p.x[i] = p.prefill_rows[(size_t)p.prefill_row * H + i];
-    bar.sync();
+    for (int layer = 0; layer < p.talker.n_layers; layer++)
+      layer_step(p, p.talker, layer, nb, p.slot, p.pos, xs, red, work, bar);
   }
 
-  for (int layer = 0; layer < p.talker.n_layers; layer++)
-    layer_step(p, p.talker, layer, nb, p.slot, p.pos, xs, red, work, bar);
-
-  if (p.mode == MODE_PREFILL && !p.prefill_last) return;
   float* logits_of[MAX_B];
   for (int b = 0; b < MAX_B; b++)
     logits_of[b] = p.talker_logits + (size_t)(b < nb ? p.slot[b] : 0) * p.vocab;
@@ -649,72 +642,5 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) frame_kernel(const Para
       p.codes[b * CODE_WORDS + 16] = c0;
       p.codes[b * CODE_WORDS + 17] = c0 == p.eos_id;
     }
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// prompt rows: text_projection(text_embedding[id]) + codec track, one block per row
-
-struct EmbedParams {
-  const bf16_t* text_embedding;  // [text_vocab, T]
-  const bf16_t* fc1_w;           // [T1, T]
-  const bf16_t* fc1_b;
-  const bf16_t* fc2_w;           // [H, T1]
-  const bf16_t* fc2_b;
-  const bf16_t* codec_embedding; // [vocab, H]
-  const bf16_t* cp_embedding;    // [groups - 1][cp_vocab][H]
-  const float* speaker;          // [H]
-  const int* ref_codes;          // [n_ref][groups]
-  const int* rows;               // [n_rows][3]: text id, codec kind, codec value
-  float* out;                    // [n_rows][H]
-  int n_rows, text_hidden, text_inter, hidden, cp_vocab, groups;
-};
-
-static_assert(sizeof(EmbedParams) == 112, "EmbedParams layout changed: update src/layout.rs");
-
-#define CODEC_NONE 0
-#define CODEC_ID 1
-#define CODEC_SPEAKER 2
-#define CODEC_REFERENCE 3
-
-extern "C" __global__ void __launch_bounds__(THREADS) embed_rows(const EmbedParams p) {
-  extern __shared__ float sm[];
-  float* t = sm;
-  float* h = sm + p.text_hidden;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int row = blockIdx.x; row < p.n_rows; row += gridDim.x) {
-    const int text_id = p.rows[row * 3], kind = p.rows[row * 3 + 1], value = p.rows[row * 3 + 2];
-    for (int i = threadIdx.x; i < p.text_hidden; i += THREADS)
-      t[i] = bf2f(p.text_embedding[(size_t)text_id * p.text_hidden + i]);
-    __syncthreads();
-    for (int j = warp; j < p.text_inter; j += WARPS) {
-      float d = 0.f;
-      for (int k = lane; k < p.text_hidden; k += 32)
-        d += bf2f(p.fc1_w[(size_t)j * p.text_hidden + k]) * t[k];
-      d = warp_sum(d) + bf2f(p.fc1_b[j]);
-      if (lane == 0) h[j] = d / (1.f + expf(-d));
-    }
-    __syncthreads();
-    for (int i = warp; i < p.hidden; i += WARPS) {
-      float d = 0.f;
-      for (int k = lane; k < p.text_inter; k += 32)
-        d += bf2f(p.fc2_w[(size_t)i * p.text_inter + k]) * h[k];
-      d = warp_sum(d) + bf2f(p.fc2_b[i]);
-      if (lane == 0) {
-        float c = 0.f;
-        if (kind == CODEC_ID) {
-          c = bf2f(p.codec_embedding[(size_t)value * p.hidden + i]);
-        } else if (kind == CODEC_SPEAKER) {
-          c = p.speaker[i];
-        } else if (kind == CODEC_REFERENCE) {
-          const int* codes = p.ref_codes + (size_t)value * p.groups;
-          c = bf2f(p.codec_embedding[(size_t)codes[0] * p.hidden + i]);
-          for (int j = 1; j < p.groups; j++)
-            c += bf2f(p.cp_embedding[((size_t)(j - 1) * p.cp_vocab + codes[j]) * p.hidden + i]);
-        }
-        p.out[(size_t)row * p.hidden + i] = d + c;
-      }
-    }
-    __syncthreads();
   }
 }

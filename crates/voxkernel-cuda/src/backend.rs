@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, anyhow, bail, ensure};
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PinnedHostSlice,
@@ -16,9 +16,10 @@ use voxkernel_core::prompt::{CodecSource, PromptPlan};
 use voxkernel_core::sampling::{SamplerParams, SamplingConfig};
 
 use crate::layout::{
-    BLOCK_THREADS, CODE_WORDS, CODEC_ID, CODEC_NONE, CODEC_REFERENCE, CODEC_SPEAKER, EmbedParams,
-    FrameParams, MAX_BATCH, MODE_FRAME, MODE_PREFILL, OWN_CODES, Sampler, Stack,
+    BLOCK_THREADS, CODE_WORDS, FrameParams, MAX_BATCH, MODE_FRAME, MODE_HEAD, OWN_CODES, Sampler,
+    Stack,
 };
+use crate::prefill::{Codec, Prefill, Segment, TextRow};
 use crate::runtime;
 use crate::weights::{DeviceWeights, Geometry, StackGeometry};
 
@@ -29,6 +30,9 @@ pub struct CudaOptions {
     pub max_slots: usize,
     /// Talker positions per sequence: prefill rows + frames. Also bounds the trailing text rows.
     pub max_len: usize,
+    /// Prompt rows one prefill pass holds (its scratch is sized for them); a `start` with more
+    /// rows in all runs as several passes.
+    pub max_prefill_rows: usize,
 }
 
 impl Default for CudaOptions {
@@ -36,6 +40,7 @@ impl Default for CudaOptions {
         Self {
             max_slots: 4,
             max_len: 2048,
+            max_prefill_rows: 1024,
         }
     }
 }
@@ -68,6 +73,31 @@ struct SlotState {
     finished: Option<FinishReason>,
 }
 
+/// Where a new sequence's talker input rows come from.
+enum PromptRows {
+    /// Built on the GPU from the plan: text projection + codec track.
+    Plan(Vec<TextRow>),
+    /// Ready-made, `rows x hidden` (`start_with_rows`).
+    Given(Vec<f32>),
+}
+
+/// Where a new sequence's trailing text rows come from (the last one is tts_pad).
+enum TrailingRows {
+    /// Text ids, projected on the GPU.
+    Ids(Vec<i32>),
+    /// Ready-made, `rows x hidden`.
+    Given(Vec<f32>),
+}
+
+/// A sequence whose slot is claimed and whose prefill has not run yet.
+struct NewSequence {
+    slot: usize,
+    rows: usize,
+    prompt: PromptRows,
+    trailing: TrailingRows,
+    speaker: Option<Vec<f32>>,
+}
+
 /// Device scratch and per-slot state, all allocated once.
 struct Buffers {
     talker_k: CudaSlice<f32>,
@@ -78,7 +108,6 @@ struct Buffers {
     trailing: CudaSlice<f32>,
     seen: CudaSlice<u8>,
     talker_logits: CudaSlice<f32>,
-    prefill_rows: CudaSlice<f32>,
     x: CudaSlice<f32>,
     qkv: CudaSlice<f32>,
     attn: CudaSlice<f32>,
@@ -86,9 +115,6 @@ struct Buffers {
     cp_logits: CudaSlice<f32>,
     codes: CudaSlice<i32>,
     barrier: CudaSlice<u32>,
-    embed_rows: CudaSlice<i32>,
-    speaker: CudaSlice<f32>,
-    ref_codes: CudaSlice<i32>,
 }
 
 fn zeros<T: cudarc::driver::DeviceRepr + ValidAsZeroBits>(
@@ -105,17 +131,16 @@ pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     frame_fn: CudaFunction,
-    embed_fn: CudaFunction,
     geometry: Geometry,
     options: CudaOptions,
     weights: DeviceWeights,
     bufs: Buffers,
+    prefill: Prefill,
     /// Pointers and sizes; every launch copies it and fills the per-launch fields.
     base: FrameParams,
-    embed_base: EmbedParams,
     grid: u32,
     frame_smem: u32,
-    embed_smem: u32,
+    /// Code words of every slot's group of up to `MAX_BATCH` head launches.
     codes_host: PinnedHostSlice<i32>,
     slots: Vec<Option<SlotState>>,
     device_name: String,
@@ -184,12 +209,15 @@ impl CudaBackend {
     pub fn new(checkpoint: &Checkpoint, options: CudaOptions) -> Result<Self> {
         ensure!(options.max_slots > 0, "max_slots must be at least 1");
         ensure!(options.max_len > 1, "max_len must be at least 2");
+        ensure!(
+            options.max_prefill_rows > 0,
+            "max_prefill_rows must be at least 1"
+        );
         let geometry = Geometry::from_checkpoint(checkpoint)?;
         let ctx = runtime::open_device()?;
         let stream = ctx.default_stream();
         let module = runtime::load_module(&ctx)?;
         let frame_fn = module.load_function("frame_kernel")?;
-        let embed_fn = module.load_function("embed_rows")?;
         let weights = DeviceWeights::upload(checkpoint, &geometry, &stream)?;
 
         let (t, c) = (&geometry.talker, &geometry.cp);
@@ -224,17 +252,13 @@ impl CudaBackend {
             trailing: zeros(&stream, slots * max_len * t.hidden, "trailing rows")?,
             seen: zeros(&stream, slots * geometry.vocab, "codebook-0 history")?,
             talker_logits: zeros(&stream, slots * geometry.vocab, "talker logits")?,
-            prefill_rows: zeros(&stream, max_len * t.hidden, "prefill rows")?,
             x: zeros(&stream, MAX_BATCH * max_hidden, "x")?,
             qkv: zeros(&stream, MAX_BATCH * max_qkv, "qkv")?,
             attn: zeros(&stream, MAX_BATCH * max_q, "attn")?,
             gate_up: zeros(&stream, MAX_BATCH * 2 * max_inter, "gate_up")?,
             cp_logits: zeros(&stream, MAX_BATCH * geometry.cp_vocab, "predictor logits")?,
-            codes: zeros(&stream, MAX_BATCH * CODE_WORDS, "codes")?,
+            codes: zeros(&stream, code_words(slots), "codes")?,
             barrier: zeros(&stream, 1, "grid barrier")?,
-            embed_rows: zeros(&stream, 3 * max_len, "prompt row descriptors")?,
-            speaker: zeros(&stream, t.hidden, "speaker vector")?,
-            ref_codes: zeros(&stream, max_len * g, "reference codes")?,
         };
 
         let max_k = [
@@ -263,13 +287,6 @@ impl CudaBackend {
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             frame_smem as i32,
         )?;
-        let embed_smem = (4 * (geometry.text_hidden + geometry.text_inter)) as u32;
-        if embed_smem > 48 * 1024 {
-            embed_fn.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                embed_smem as i32,
-            )?;
-        }
         let sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let resident = frame_fn.occupancy_max_active_blocks_per_multiprocessor(
             BLOCK_THREADS,
@@ -315,7 +332,6 @@ impl CudaBackend {
             trailing: ptr(&bufs.trailing, s),
             seen: ptr(&bufs.seen, s),
             talker_logits: ptr(&bufs.talker_logits, s),
-            prefill_rows: ptr(&bufs.prefill_rows, s),
             x: ptr(&bufs.x, s),
             qkv: ptr(&bufs.qkv, s),
             attn: ptr(&bufs.attn, s),
@@ -335,43 +351,34 @@ impl CudaBackend {
             smem_x_floats: smem_x_floats as i32,
             ..Default::default()
         };
-        let embed_base = EmbedParams {
-            text_embedding: w.text_embedding,
-            fc1_w: w.fc1_w,
-            fc1_b: w.fc1_b,
-            fc2_w: w.fc2_w,
-            fc2_b: w.fc2_b,
-            codec_embedding: w.codec_embedding,
-            cp_embedding: w.cp_embedding,
-            speaker: ptr(&bufs.speaker, s),
-            ref_codes: ptr(&bufs.ref_codes, s),
-            rows: ptr(&bufs.embed_rows, s),
-            out: 0,
-            n_rows: 0,
-            text_hidden: geometry.text_hidden as i32,
-            text_inter: geometry.text_inter as i32,
-            hidden: t.hidden as i32,
-            cp_vocab: geometry.cp_vocab as i32,
-            groups: g as i32,
-        };
+        let prefill = Prefill::new(
+            &ctx,
+            &stream,
+            &geometry,
+            &weights,
+            (ptr(&bufs.talker_k, s), ptr(&bufs.talker_v, s)),
+            &options,
+        )?;
+        ensure!(
+            prefill.head_stride() == max_hidden,
+            "the prefill's last rows must use the frame kernel's x stride"
+        );
         // SAFETY: plain page-locked host memory (no flags), fully written before it is read.
-        let codes_host = unsafe { ctx.alloc_pinned_with_flags::<i32>(MAX_BATCH * CODE_WORDS, 0) }?;
+        let codes_host = unsafe { ctx.alloc_pinned_with_flags::<i32>(code_words(slots), 0) }?;
         let device_name = ctx.name().unwrap_or_else(|_| "unknown GPU".to_string());
         stream.synchronize()?;
         Ok(Self {
             ctx,
             stream,
             frame_fn,
-            embed_fn,
             geometry,
             options,
             weights,
             bufs,
+            prefill,
             base,
-            embed_base,
             grid,
             frame_smem,
-            embed_smem,
             codes_host,
             slots: vec![None; slots],
             device_name,
@@ -417,16 +424,14 @@ impl CudaBackend {
         );
         let (rows, trailing_len) = (prefill.len() / h, trailing.len() / h);
         let slot = self.claim_slot(rows, trailing_len, max_frames, sampling)?;
-        self.stream.memcpy_htod(
-            prefill,
-            &mut self.bufs.prefill_rows.slice_mut(..prefill.len()),
-        )?;
-        let at = slot * self.options.max_len * h;
-        self.stream.memcpy_htod(
-            trailing,
-            &mut self.bufs.trailing.slice_mut(at..at + trailing.len()),
-        )?;
-        self.prefill(slot, rows)
+        self.start_sequences(vec![NewSequence {
+            slot,
+            rows,
+            prompt: PromptRows::Given(prefill.to_vec()),
+            trailing: TrailingRows::Given(trailing.to_vec()),
+            speaker: None,
+        }])?;
+        Ok(SlotId(slot))
     }
 
     /// Drives one frame of one sequence with given codes (`frame` = this frame's 16 codes, whose
@@ -528,38 +533,151 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn read_codes(&mut self) -> Result<[i32; MAX_BATCH * CODE_WORDS]> {
+    /// The first `words` code words, once the stream has finished.
+    fn read_codes(&mut self, words: usize) -> Result<Vec<i32>> {
         self.stream
             .memcpy_dtoh(&self.bufs.codes, &mut self.codes_host)?;
         self.stream.synchronize()?;
-        let mut out = [0i32; MAX_BATCH * CODE_WORDS];
-        out.copy_from_slice(self.codes_host.as_slice()?);
-        Ok(out)
+        Ok(self.codes_host.as_slice()?[..words].to_vec())
     }
 
-    fn prefill(&mut self, slot: usize, rows: usize) -> Result<SlotId> {
-        let state = self.slots[slot].clone().context("slot vanished")?;
-        let mut p = self.base;
-        p.mode = MODE_PREFILL;
-        p.batch = 1;
-        self.fill_sequence(&mut p, 0, slot, &state)?;
-        for row in 0..rows {
-            p.prefill_row = row as i32;
-            p.prefill_last = (row + 1 == rows) as i32;
-            p.pos[0] = row as i32;
+    /// Prefills every sequence and samples its first codebook-0 token. On an error every one
+    /// of their slots is freed.
+    fn start_sequences(&mut self, sequences: Vec<NewSequence>) -> Result<()> {
+        let result = self.prefill_sequences(&sequences);
+        if result.is_err() {
+            for s in &sequences {
+                self.slots[s.slot] = None;
+            }
+        }
+        result
+    }
+
+    fn prefill_sequences(&mut self, sequences: &[NewSequence]) -> Result<()> {
+        let (h, max_len) = (self.geometry.talker.hidden, self.options.max_len);
+        let stream = Arc::clone(&self.stream);
+        let mut rows = Vec::new();
+        let mut dest = Vec::new();
+        for s in sequences {
+            if let Some(v) = &s.speaker {
+                self.prefill.set_speaker(&stream, s.slot, v)?;
+            }
+            match &s.trailing {
+                TrailingRows::Ids(ids) => {
+                    for (j, &id) in ids.iter().enumerate() {
+                        rows.push(TextRow {
+                            text_id: id,
+                            codec: Codec::None,
+                        });
+                        dest.push((s.slot * max_len + j) as i32);
+                    }
+                }
+                TrailingRows::Given(values) => {
+                    let at = s.slot * max_len * h;
+                    stream.memcpy_htod(
+                        values,
+                        &mut self.bufs.trailing.slice_mut(at..at + values.len()),
+                    )?;
+                }
+            }
+        }
+        if !rows.is_empty() {
+            self.prefill
+                .project(&stream, &rows, &dest, ptr(&self.bufs.trailing, &stream))?;
+        }
+
+        // Passes of up to max_prefill_rows rows; a sequence may continue in the next pass.
+        let capacity = self.prefill.max_rows();
+        let mut pass: Vec<(usize, usize, usize)> = Vec::new();
+        let mut used = 0;
+        for (i, s) in sequences.iter().enumerate() {
+            let mut done = 0;
+            while done < s.rows {
+                let n = (s.rows - done).min(capacity - used);
+                pass.push((i, done, n));
+                done += n;
+                used += n;
+                if used == capacity {
+                    self.prefill_pass(sequences, &pass)?;
+                    pass.clear();
+                    used = 0;
+                }
+            }
+        }
+        if !pass.is_empty() {
+            self.prefill_pass(sequences, &pass)?;
+        }
+
+        // The codec head and codebook-0 sampling of each sequence's last row, MAX_BATCH at once.
+        let head = self.prefill.head_ptr(&stream);
+        let codes = ptr(&self.bufs.codes, &stream);
+        let stride = self.prefill.head_stride();
+        for (group, batch) in sequences.chunks(MAX_BATCH).enumerate() {
+            let first = group * MAX_BATCH;
+            let mut p = self.base;
+            p.mode = MODE_HEAD;
+            p.batch = batch.len() as i32;
+            p.x = head + (first * stride * 4) as u64;
+            p.codes = codes + (first * CODE_WORDS * 4) as u64;
+            for (b, s) in batch.iter().enumerate() {
+                let state = self.slots[s.slot].clone().context("slot vanished")?;
+                self.fill_sequence(&mut p, b, s.slot, &state)?;
+            }
             self.launch_frame_kernel(&p)?;
         }
-        let codes = self.read_codes()?;
-        let st = self.slots[slot].as_mut().context("slot vanished")?;
-        st.pos = rows;
-        st.c0 = codes[16] as u32;
-        st.n_sampled = 1;
-        if st.c0 == self.geometry.eos_id {
-            st.finished = Some(FinishReason::Eos);
-        } else if st.max_frames == 0 {
-            st.finished = Some(FinishReason::MaxFrames);
+        let words = self.read_codes(sequences.len() * CODE_WORDS)?;
+        let eos = self.geometry.eos_id;
+        for (s, words) in sequences.iter().zip(words.chunks(CODE_WORDS)) {
+            let st = self.slots[s.slot].as_mut().context("slot vanished")?;
+            st.pos = s.rows;
+            st.c0 = words[16] as u32;
+            st.n_sampled = 1;
+            if st.c0 == eos {
+                st.finished = Some(FinishReason::Eos);
+            } else if st.max_frames == 0 {
+                st.finished = Some(FinishReason::MaxFrames);
+            }
         }
-        Ok(SlotId(slot))
+        Ok(())
+    }
+
+    /// One talker pass: `pass` lists (sequence, its first row here, rows here).
+    fn prefill_pass(
+        &mut self,
+        sequences: &[NewSequence],
+        pass: &[(usize, usize, usize)],
+    ) -> Result<()> {
+        let h = self.geometry.talker.hidden;
+        let stream = Arc::clone(&self.stream);
+        let mut rows = Vec::new();
+        let mut dest = Vec::new();
+        let mut segments = Vec::with_capacity(pass.len());
+        let mut row0 = 0;
+        for &(i, first, n) in pass {
+            let s = &sequences[i];
+            match &s.prompt {
+                PromptRows::Plan(plan_rows) => {
+                    rows.extend_from_slice(&plan_rows[first..first + n]);
+                    dest.extend((row0..row0 + n).map(|r| r as i32));
+                }
+                PromptRows::Given(values) => {
+                    self.prefill
+                        .fill_rows(&stream, row0, &values[first * h..(first + n) * h])?;
+                }
+            }
+            segments.push(Segment {
+                slot: s.slot,
+                pos0: first,
+                rows: n,
+                head: (first + n == s.rows).then_some(i),
+            });
+            row0 += n;
+        }
+        if !rows.is_empty() {
+            let x = self.prefill.x_ptr(&stream);
+            self.prefill.project(&stream, &rows, &dest, x)?;
+        }
+        self.prefill.talker(&stream, &segments)
     }
 
     fn fill_sequence(
@@ -607,7 +725,7 @@ impl CudaBackend {
             p.forced_codes[..f.len()].copy_from_slice(f);
         }
         self.launch_frame_kernel(&p)?;
-        let codes = self.read_codes()?;
+        let codes = self.read_codes(slots.len() * CODE_WORDS)?;
         let eos = self.geometry.eos_id;
         let mut out = Vec::with_capacity(slots.len());
         for (b, &slot) in slots.iter().enumerate() {
@@ -628,107 +746,110 @@ impl CudaBackend {
         Ok(out)
     }
 
-    /// Builds the talker input rows of a plan on the GPU (text projection + codec track).
-    fn embed_plan_rows(&mut self, plan: &PromptPlan, slot: usize) -> Result<()> {
-        let h = self.geometry.talker.hidden;
-        let max_len = self.options.max_len;
-        if let Some(v) = &plan.speaker_vector {
-            ensure!(
-                v.len() == h,
-                "speaker_vector has {} values, the talker width is {h}",
-                v.len()
-            );
-            self.stream.memcpy_htod(v, &mut self.bufs.speaker)?;
-        }
-        if !plan.reference_codes.is_empty() {
-            ensure!(
-                plan.reference_codes.len() <= max_len,
-                "{} reference frames exceed max_len {max_len}",
-                plan.reference_codes.len()
-            );
-            let flat: Vec<i32> = plan
-                .reference_codes
-                .iter()
-                .flat_map(|f| f.iter().map(|&c| c as i32))
-                .collect();
-            self.stream
-                .memcpy_htod(&flat, &mut self.bufs.ref_codes.slice_mut(..flat.len()))?;
-        }
-        let mut prefill = Vec::with_capacity(plan.prefill.len() * 3);
-        for row in &plan.prefill {
-            let (kind, value) = match row.codec {
-                CodecSource::None => (CODEC_NONE, 0),
-                CodecSource::Id(id) => {
-                    ensure!(
-                        (id as usize) < self.geometry.vocab,
-                        "codec id {id} is outside the codec vocabulary"
-                    );
-                    (CODEC_ID, id as i32)
-                }
-                CodecSource::SpeakerVector => {
-                    ensure!(
-                        plan.speaker_vector.is_some(),
-                        "a prefill row uses the speaker vector but the plan has none"
-                    );
-                    (CODEC_SPEAKER, 0)
-                }
-                CodecSource::ReferenceFrame(k) => {
-                    ensure!(
-                        k < plan.reference_codes.len(),
-                        "reference frame {k} of {}",
-                        plan.reference_codes.len()
-                    );
-                    (CODEC_REFERENCE, k as i32)
-                }
-            };
-            prefill.extend_from_slice(&[self.text_id(row.text_id)?, kind, value]);
-        }
-        let out = self.base.prefill_rows;
-        self.launch_embed(&prefill, out)?;
-        let mut trailing = Vec::with_capacity(3 * (plan.trailing.len() + 1));
-        for &id in plan
+    /// Checks a spec against the model and the options, and claims a slot for it.
+    fn new_sequence(&mut self, spec: &SequenceSpec) -> Result<NewSequence> {
+        let plan = &spec.plan;
+        ensure!(
+            !plan.prefill.is_empty(),
+            "plan.prefill: no rows; a prompt needs at least one"
+        );
+        let prompt = self.plan_rows(plan)?;
+        let trailing = plan
             .trailing
             .iter()
             .chain(std::iter::once(&plan.tts_pad_id))
-        {
-            trailing.extend_from_slice(&[self.text_id(id)?, CODEC_NONE, 0]);
+            .map(|&id| self.text_id(id))
+            .collect::<Result<Vec<i32>>>()?;
+        let h = self.geometry.talker.hidden;
+        if let Some(v) = &plan.speaker_vector {
+            ensure!(
+                v.len() == h,
+                "plan.speaker_vector has {} values, the talker width is {h}",
+                v.len()
+            );
         }
-        let out = self.base.trailing + (slot * max_len * h * 4) as u64;
-        self.launch_embed(&trailing, out)
+        let slot = self.claim_slot(prompt.len(), trailing.len(), spec.max_frames, spec.sampling)?;
+        // Speaker rows read the vector stored for their slot.
+        let prompt = prompt
+            .into_iter()
+            .map(|row| match row.codec {
+                Codec::Speaker { .. } => TextRow {
+                    codec: Codec::Speaker { slot },
+                    ..row
+                },
+                _ => row,
+            })
+            .collect::<Vec<_>>();
+        Ok(NewSequence {
+            slot,
+            rows: prompt.len(),
+            prompt: PromptRows::Plan(prompt),
+            trailing: TrailingRows::Ids(trailing),
+            speaker: plan.speaker_vector.clone(),
+        })
+    }
+
+    /// The plan's prompt rows for the GPU projection (speaker rows not yet tied to a slot).
+    fn plan_rows(&self, plan: &PromptPlan) -> Result<Vec<TextRow>> {
+        plan.prefill
+            .iter()
+            .map(|row| {
+                let codec = match row.codec {
+                    CodecSource::None => Codec::None,
+                    CodecSource::Id(id) => {
+                        ensure!(
+                            (id as usize) < self.geometry.vocab,
+                            "plan.prefill: codec id {id} is outside the codec vocabulary (0..{})",
+                            self.geometry.vocab
+                        );
+                        Codec::Id(id as i32)
+                    }
+                    CodecSource::SpeakerVector => {
+                        ensure!(
+                            plan.speaker_vector.is_some(),
+                            "plan.prefill: a row uses the speaker vector but plan.speaker_vector \
+                             is missing"
+                        );
+                        Codec::Speaker { slot: 0 }
+                    }
+                    CodecSource::ReferenceFrame(k) => {
+                        let frame = plan.reference_codes.get(k).with_context(|| {
+                            format!(
+                                "plan.prefill: reference frame {k} of {} in plan.reference_codes",
+                                plan.reference_codes.len()
+                            )
+                        })?;
+                        let mut codes = [0i32; NUM_CODE_GROUPS];
+                        for (group, (dst, &code)) in codes.iter_mut().zip(frame).enumerate() {
+                            let vocab = if group == 0 {
+                                self.geometry.vocab
+                            } else {
+                                self.geometry.cp_vocab
+                            };
+                            ensure!(
+                                (code as usize) < vocab,
+                                "plan.reference_codes[{k}][{group}] = {code}: outside 0..{vocab}"
+                            );
+                            *dst = code as i32;
+                        }
+                        Codec::Reference(codes)
+                    }
+                };
+                Ok(TextRow {
+                    text_id: self.text_id(row.text_id)?,
+                    codec,
+                })
+            })
+            .collect()
     }
 
     fn text_id(&self, id: u32) -> Result<i32> {
         ensure!(
             (id as usize) < self.geometry.text_vocab,
-            "text id {id} is outside the text vocabulary ({})",
+            "text id {id} is outside the text vocabulary (0..{})",
             self.geometry.text_vocab
         );
         Ok(id as i32)
-    }
-
-    fn launch_embed(&mut self, rows: &[i32], out: u64) -> Result<()> {
-        let n = rows.len() / 3;
-        ensure!(
-            n <= self.options.max_len,
-            "{n} prompt rows exceed max_len {}",
-            self.options.max_len
-        );
-        self.stream
-            .memcpy_htod(rows, &mut self.bufs.embed_rows.slice_mut(..rows.len()))?;
-        let mut p = self.embed_base;
-        p.n_rows = n as i32;
-        p.out = out;
-        let cfg = LaunchConfig {
-            grid_dim: (n.min(1024) as u32, 1, 1),
-            block_dim: (BLOCK_THREADS, 1, 1),
-            shared_mem_bytes: self.embed_smem,
-        };
-        let mut launch = self.stream.launch_builder(&self.embed_fn);
-        launch.arg(&p);
-        // SAFETY: `rows` was just uploaded to the row buffer (n <= max_len rows) and `out` points
-        // at a buffer of at least max_len talker rows.
-        unsafe { launch.launch(cfg) }.context("launching the prompt-row kernel")?;
-        Ok(())
     }
 }
 
@@ -737,23 +858,28 @@ impl FrameBackend for CudaBackend {
         format!("cuda ({})", self.device_name)
     }
 
-    fn start(&mut self, spec: &SequenceSpec) -> Result<SlotId> {
-        let plan = &spec.plan;
-        ensure!(
-            !plan.prefill.is_empty(),
-            "the prompt plan has no prefill rows"
-        );
-        let slot = self.claim_slot(
-            plan.prefill.len(),
-            plan.trailing.len() + 1,
-            spec.max_frames,
-            spec.sampling,
-        )?;
-        if let Err(e) = self.embed_plan_rows(plan, slot) {
-            self.slots[slot] = None;
-            return Err(e);
+    /// Every spec's prompt rows go through one batched prefill (passes of up to
+    /// `max_prefill_rows` rows), then one head launch per `MAX_BATCH` sequences.
+    fn start(&mut self, specs: &[SequenceSpec]) -> Vec<Result<SlotId>> {
+        let mut results = Vec::with_capacity(specs.len());
+        let mut sequences = Vec::new();
+        for spec in specs {
+            results.push(self.new_sequence(spec).map(|s| {
+                let slot = SlotId(s.slot);
+                sequences.push(s);
+                slot
+            }));
         }
-        self.prefill(slot, plan.prefill.len())
+        if sequences.is_empty() {
+            return results;
+        }
+        if let Err(e) = self.start_sequences(sequences) {
+            let message = format!("{e:#}");
+            for result in results.iter_mut().filter(|r| r.is_ok()) {
+                *result = Err(anyhow!("the GPU prefill failed: {message}"));
+            }
+        }
+        results
     }
 
     fn step(&mut self, slots: &[SlotId]) -> Result<Vec<FrameEvent>> {
@@ -793,13 +919,21 @@ impl FrameBackend for CudaBackend {
             "{} trailing rows exceed max_len {max_len}",
             known + ids.len() + 1
         );
-        let mut rows = Vec::with_capacity(3 * (ids.len() + 1));
-        for &id in ids.iter().chain(std::iter::once(&self.tts_pad_id)) {
-            rows.extend_from_slice(&[self.text_id(id)?, CODEC_NONE, 0]);
-        }
-        let h = self.geometry.talker.hidden;
-        let out = self.base.trailing + ((slot.0 * max_len + known) * h * 4) as u64;
-        self.launch_embed(&rows, out)?;
+        let rows = ids
+            .iter()
+            .chain(std::iter::once(&self.tts_pad_id))
+            .map(|&id| {
+                Ok(TextRow {
+                    text_id: self.text_id(id)?,
+                    codec: Codec::None,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let first = (slot.0 * max_len + known) as i32;
+        let dest: Vec<i32> = (first..first + rows.len() as i32).collect();
+        let stream = Arc::clone(&self.stream);
+        let out = ptr(&self.bufs.trailing, &stream);
+        self.prefill.project(&stream, &rows, &dest, out)?;
         if let Some(state) = self.slots[slot.0].as_mut() {
             state.trailing_len += ids.len();
         }
@@ -811,6 +945,11 @@ impl FrameBackend for CudaBackend {
             *s = None;
         }
     }
+}
+
+/// Code words for `slots` sequences, in whole groups of `MAX_BATCH` (one head launch each).
+fn code_words(slots: usize) -> usize {
+    slots.next_multiple_of(MAX_BATCH) * CODE_WORDS
 }
 
 /// Fails unless `slots` are distinct (a sequence cannot advance twice in one launch).

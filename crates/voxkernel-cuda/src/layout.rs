@@ -1,4 +1,4 @@
-//! `#[repr(C)]` mirrors of the structs in `kernels/frame.cu`. Field order and types must match
+//! `#[repr(C)]` mirrors of the structs in `kernels/frame.cu` and `kernels/prefill.cu`. Field order and types must match
 //! the CUDA side exactly; device pointers are plain `u64`.
 
 use cudarc::driver::DeviceRepr;
@@ -12,10 +12,37 @@ pub const CODE_WORDS: usize = 36;
 /// Offset of the kernel's own (pre-forcing) choices within a sequence's code words.
 pub const OWN_CODES: usize = 18;
 pub const MODE_FRAME: i32 = 0;
-pub const MODE_PREFILL: i32 = 1;
+/// Only the codec head and codebook-0 sampling of rows the prefill left in `x`.
+pub const MODE_HEAD: i32 = 1;
+
+/// prefill.cu's tile sizes and block shapes (`TILE_F`, `TILE_R`, ... there).
+pub const PREFILL_PIECES: usize = 3;
+pub const GEMM_THREADS: u32 = 128;
+pub const GEMM_TILE_F: usize = 128;
+pub const GEMM_TILE_R: usize = 64;
+pub const GEMM_TILE_K: usize = 32;
+pub const GEMM_STAGES: usize = 4;
+/// Shared-memory row of a stage, in bf16 elements (`SROW`).
+pub const GEMM_SROW: usize = GEMM_TILE_K + 8;
+pub const ROW_THREADS: u32 = 256;
+pub const ATTN_THREADS: u32 = 256;
+/// (row, head) pairs per attention block (`ATTN_TASKS`).
+pub const ATTN_TASKS: usize = 32;
+pub const KEY_CHUNK: usize = 32;
+/// Words per entry of the prefill's segment table (`SEG_WORDS`).
+pub const SEG_WORDS: usize = 4;
 
 /// `LayerW`: eight bf16 weight pointers per decoder layer.
 pub type LayerPointers = [u64; 8];
+/// Indices into [`LayerPointers`].
+pub const LAYER_IN_NORM: usize = 0;
+pub const LAYER_QKV: usize = 1;
+pub const LAYER_Q_NORM: usize = 2;
+pub const LAYER_K_NORM: usize = 3;
+pub const LAYER_O: usize = 4;
+pub const LAYER_POST_NORM: usize = 5;
+pub const LAYER_GATE_UP: usize = 6;
+pub const LAYER_DOWN: usize = 7;
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -59,7 +86,6 @@ pub struct FrameParams {
     pub trailing: u64,
     pub seen: u64,
     pub talker_logits: u64,
-    pub prefill_rows: u64,
     pub x: u64,
     pub qkv: u64,
     pub attn: u64,
@@ -79,8 +105,6 @@ pub struct FrameParams {
     pub smem_x_floats: i32,
     pub mode: i32,
     pub batch: i32,
-    pub prefill_row: i32,
-    pub prefill_last: i32,
     pub forced: i32,
     pub slot: [i32; MAX_BATCH],
     pub pos: [i32; MAX_BATCH],
@@ -95,35 +119,90 @@ pub struct FrameParams {
     pub forced_codes: [[i32; 17]; MAX_BATCH],
 }
 
+/// `Gemm` (prefill.cu): `out[z][r][f]` = the split-`z` part of `W[f] . X[r]`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub struct EmbedParams {
+pub struct Gemm {
+    pub w: u64,
+    pub x: u64,
+    pub out: u64,
+    pub plane: i64,
+    pub n: i32,
+    pub k: i32,
+    pub rows: i32,
+    pub pieces: i32,
+    pub k_split: i32,
+}
+
+/// `Project` (prefill.cu): the text projection's row kernels.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Project {
     pub text_embedding: u64,
-    pub fc1_w: u64,
-    pub fc1_b: u64,
-    pub fc2_w: u64,
-    pub fc2_b: u64,
+    pub bias: u64,
     pub codec_embedding: u64,
     pub cp_embedding: u64,
-    pub speaker: u64,
-    pub ref_codes: u64,
+    pub speakers: u64,
     pub rows: u64,
+    pub ref_codes: u64,
+    pub part: u64,
+    pub planes: u64,
     pub out: u64,
     pub n_rows: i32,
+    pub splits: i32,
+    pub width: i32,
     pub text_hidden: i32,
-    pub text_inter: i32,
+    pub inter: i32,
     pub hidden: i32,
     pub cp_vocab: i32,
     pub groups: i32,
+}
+
+/// `Rows` (prefill.cu): the talker layer's row kernels.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Rows {
+    pub x: u64,
+    pub part: u64,
+    pub planes: u64,
+    pub weight: u64,
+    pub q_norm: u64,
+    pub k_norm: u64,
+    pub inv_freq: u64,
+    pub q: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub head: u64,
+    pub segments: u64,
+    pub row_segment: u64,
+    pub row_head: u64,
+    pub tiles: u64,
+    pub rows: i32,
+    pub splits: i32,
+    pub hidden: i32,
+    pub inter: i32,
+    pub n_heads: i32,
+    pub n_kv: i32,
+    pub head_dim: i32,
+    pub layer: i32,
+    pub n_layers: i32,
+    pub max_len: i32,
+    pub tile_rows: i32,
+    pub head_stride: i32,
+    pub eps: f32,
 }
 
 // SAFETY: plain-old-data `#[repr(C)]` structs of integers, floats and device addresses, passed by
 // value as kernel parameters; their layout mirrors the CUDA structs.
 unsafe impl DeviceRepr for FrameParams {}
 // SAFETY: as above.
-unsafe impl DeviceRepr for EmbedParams {}
+unsafe impl DeviceRepr for Gemm {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for Project {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for Rows {}
 
-/// Codec-track kinds of a prompt row (`CODEC_*` in the kernel).
+/// Codec-track kinds of a prompt row (`CODEC_*` in prefill.cu).
 pub const CODEC_NONE: i32 = 0;
 pub const CODEC_ID: i32 = 1;
 pub const CODEC_SPEAKER: i32 = 2;
@@ -138,9 +217,17 @@ mod tests {
         // Sizes computed from the CUDA declarations (all fields 4 or 8 bytes, pointers first).
         assert_eq!(std::mem::size_of::<Stack>(), 5 * 8 + 8 * 4);
         assert_eq!(std::mem::size_of::<Sampler>(), 16);
-        assert_eq!(std::mem::size_of::<EmbedParams>(), 11 * 8 + 6 * 4);
+        assert_eq!(
+            std::mem::size_of::<Gemm>(),
+            (4 * 8 + 5 * 4_usize).next_multiple_of(8)
+        );
+        assert_eq!(std::mem::size_of::<Project>(), 10 * 8 + 8 * 4);
+        assert_eq!(
+            std::mem::size_of::<Rows>(),
+            (15 * 8 + 13 * 4_usize).next_multiple_of(8)
+        );
         let frame =
-            2 * 72 + 18 * 8 + 15 * 4 + 8 * 4 * MAX_BATCH + 2 * 16 * MAX_BATCH + 17 * 4 * MAX_BATCH;
+            2 * 72 + 17 * 8 + 13 * 4 + 8 * 4 * MAX_BATCH + 2 * 16 * MAX_BATCH + 17 * 4 * MAX_BATCH;
         assert_eq!(
             std::mem::size_of::<FrameParams>(),
             frame.next_multiple_of(8)

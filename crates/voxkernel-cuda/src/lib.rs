@@ -8,6 +8,7 @@ mod backend;
 pub mod bench;
 mod codec;
 mod layout;
+mod prefill;
 pub mod runtime;
 pub mod weights;
 

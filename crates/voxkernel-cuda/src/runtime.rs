@@ -10,11 +10,15 @@ use cudarc::driver::{CudaContext, CudaModule};
 use cudarc::nvrtc::{Ptx, result as nvrtc_result, sys as nvrtc_sys};
 use sha2::{Digest, Sha256};
 
-/// The megakernel source: every kernel the backend launches lives in this one file.
+/// The megakernel source: the frame kernel (and the head + sampling of a prefill).
 pub const FRAME_SOURCE: &str = include_str!("../kernels/frame.cu");
 
 /// The streaming codec decoder's kernels (`CudaCodec`), compiled and cached on their own.
 pub const CODEC_SOURCE: &str = include_str!("../kernels/codec.cu");
+
+/// The batched prefill's kernels (tensor-core products and the row kernels between them),
+/// compiled and cached on their own.
+pub const PREFILL_SOURCE: &str = include_str!("../kernels/prefill.cu");
 
 /// Environment variable naming a prebuilt CUBIN (for example from `nvcc -cubin -arch=sm_90a`)
 /// to load instead of compiling `FRAME_SOURCE`.
@@ -220,7 +224,7 @@ mod tests {
             nvrtc_available(),
             "NVRTC (libnvrtc.so.13) is needed: run ./scripts/test.sh, which installs it"
         );
-        for source in [FRAME_SOURCE, CODEC_SOURCE] {
+        for source in [FRAME_SOURCE, CODEC_SOURCE, PREFILL_SOURCE] {
             let cubin = compile_cubin(source, "sm_90a").expect("kernels compile");
             assert_eq!(&cubin[..4], b"\x7fELF");
         }

@@ -1,6 +1,7 @@
 //! The checkpoint's talker and code-predictor weights, uploaded once as bf16 in the layout the
-//! frame kernel streams: one 256-byte-aligned device buffer, with q|k|v and gate|up
-//! concatenated so each becomes a single matvec.
+//! kernels stream: one 256-byte-aligned device buffer, with q|k|v and gate|up concatenated so
+//! each becomes a single product, and the text projection's rows padded to a multiple of 8
+//! columns (the prefill's tensor-core loads are 16 bytes wide).
 
 use std::sync::Arc;
 
@@ -118,6 +119,16 @@ impl Geometry {
         Ok(g)
     }
 
+    /// The text projection's input width as uploaded (`text_hidden` rounded up to 8).
+    pub fn text_hidden_padded(&self) -> usize {
+        self.text_hidden.next_multiple_of(8)
+    }
+
+    /// The text projection's inner width as uploaded (`text_inter` rounded up to 8).
+    pub fn text_inter_padded(&self) -> usize {
+        self.text_inter.next_multiple_of(8)
+    }
+
     fn validate(&self) -> Result<()> {
         for (name, s) in [
             ("talker_config", &self.talker),
@@ -213,6 +224,9 @@ pub struct DeviceWeights {
     _layer_table: CudaSlice<u64>,
     _inv_freq: CudaSlice<f32>,
     pub ptr: WeightPointers,
+    /// The talker's per-layer weight addresses (the device table's rows), for the host-driven
+    /// prefill.
+    pub talker_layers: Vec<LayerPointers>,
     pub bytes: usize,
 }
 
@@ -231,6 +245,19 @@ impl Packer {
         }
         offset as u64
     }
+}
+
+/// Row-major `[rows][cols]` bf16 bytes with each row zero-padded to `padded` columns.
+fn pad_columns(bytes: Vec<u8>, cols: usize, padded: usize) -> Vec<u8> {
+    if cols == padded {
+        return bytes;
+    }
+    let mut out = Vec::with_capacity(bytes.len() / cols * padded);
+    for row in bytes.chunks_exact(2 * cols) {
+        out.extend_from_slice(row);
+        out.resize(out.len() + 2 * (padded - cols), 0);
+    }
+    out
 }
 
 /// A tensor as bf16 bytes, checked against the expected shape.
@@ -348,21 +375,21 @@ impl DeviceWeights {
             "talker.model.text_embedding.weight",
             &[tv, th],
         )?]);
-        let fc1_w = packer.push(&[bf16_tensor(
-            f,
-            "talker.text_projection.linear_fc1.weight",
-            &[ti, th],
-        )?]);
+        let fc1_w = packer.push(&[pad_columns(
+            bf16_tensor(f, "talker.text_projection.linear_fc1.weight", &[ti, th])?,
+            th,
+            g.text_hidden_padded(),
+        )]);
         let fc1_b = packer.push(&[bf16_tensor(
             f,
             "talker.text_projection.linear_fc1.bias",
             &[ti],
         )?]);
-        let fc2_w = packer.push(&[bf16_tensor(
-            f,
-            "talker.text_projection.linear_fc2.weight",
-            &[h, ti],
-        )?]);
+        let fc2_w = packer.push(&[pad_columns(
+            bf16_tensor(f, "talker.text_projection.linear_fc2.weight", &[h, ti])?,
+            ti,
+            g.text_inter_padded(),
+        )]);
         let fc2_b = packer.push(&[bf16_tensor(
             f,
             "talker.text_projection.linear_fc2.bias",
@@ -387,6 +414,8 @@ impl DeviceWeights {
         let inv_freq = stream.clone_htod(&freqs)?;
         let freq_base = inv_freq.device_ptr(stream).0;
         let at = |o: u64| base + o;
+        let talker_layers: Vec<LayerPointers> =
+            talker_layers.iter().map(|l| l.map(|o| base + o)).collect();
         let ptr = WeightPointers {
             talker_layers: table_base,
             talker_norm: at(talker_norm),
@@ -413,6 +442,7 @@ impl DeviceWeights {
             _layer_table: layer_table,
             _inv_freq: inv_freq,
             ptr,
+            talker_layers,
         })
     }
 }

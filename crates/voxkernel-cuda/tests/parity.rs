@@ -149,6 +149,7 @@ fn options() -> CudaOptions {
     CudaOptions {
         max_slots: 2,
         max_len: 128,
+        ..CudaOptions::default()
     }
 }
 
@@ -419,7 +420,7 @@ fn prompt_rows_built_on_the_gpu_reproduce_official_codes() {
             sampling: greedy(&ckpt, 0),
             max_frames: case.max_frames(),
         };
-        let slot = backend.start(&spec).unwrap();
+        let slot = backend.start_one(&spec).unwrap();
         let err = rel_err(&backend.logits(slot).unwrap(), &case.logits[0]);
         let (frames, _) = run_to_end(&mut backend, slot);
         backend.release(slot);

@@ -147,7 +147,7 @@ pub fn generate(
     backend: &mut dyn FrameBackend,
     spec: &SequenceSpec,
 ) -> Result<(Vec<Frame>, FinishReason)> {
-    let slot = backend.start(spec)?;
+    let slot = backend.start_one(spec)?;
     let mut frames = Vec::new();
     let result = loop {
         match backend.step(&[slot]) {

@@ -510,53 +510,83 @@ impl Worker {
         }
     }
 
-    /// Starts waiting sessions whose text allows it, in arrival order, while slots are free.
+    /// Starts the waiting sessions whose text allows it, in arrival order, while slots are
+    /// free: one backend call for all of them, so their prefills run together. A session that
+    /// cannot start fails alone.
     fn admit(&mut self) {
-        let mut index = 0;
-        while index < self.sessions.len() && self.active() < self.options.max_active {
-            let live = &self.sessions[index];
+        let free = self.options.max_active.saturating_sub(self.active());
+        let mut ids = Vec::new();
+        let mut specs = Vec::new();
+        let mut failed = Vec::new();
+        for live in &mut self.sessions {
+            if specs.len() == free {
+                break;
+            }
             if live.slot.is_some() || live.awaiting_text || live.end.is_some() {
-                index += 1;
                 continue;
             }
-            match self.try_start(index) {
-                Ok(()) => index += 1,
+            match live.plan(&self.model, self.options.limits) {
+                Ok(Some(plan)) => {
+                    ids.push(live.id);
+                    specs.push(SequenceSpec {
+                        plan,
+                        sampling: live.sampling,
+                        max_frames: live.max_frames,
+                    });
+                }
+                Ok(None) => live.awaiting_text = true,
+                Err(e) => failed.push((live.id, e)),
+            }
+        }
+        for (id, error) in failed {
+            if let Some(index) = self.find(id) {
+                self.fail(index, error);
+            }
+        }
+        if specs.is_empty() {
+            return;
+        }
+        let started = Instant::now();
+        let mut results = self.frames.start(&specs).into_iter();
+        let mut opened = Vec::with_capacity(specs.len());
+        for spec in &specs {
+            let result = results
+                .next()
+                .unwrap_or_else(|| Err(anyhow!("the frame backend returned no slot")))
+                .and_then(|slot| match self.open_codec(&spec.plan.reference_codes) {
+                    Ok(codec_slot) => Ok((slot, codec_slot)),
+                    Err(e) => {
+                        self.frames.release(slot);
+                        Err(e)
+                    }
+                });
+            opened.push(result);
+        }
+        // The time of the whole call: the engine thread did nothing else meanwhile.
+        let elapsed = started.elapsed();
+        let count = opened.iter().filter(|r| r.is_ok()).count() as u64;
+        self.stats_mut(|s| {
+            s.prefill_time += elapsed;
+            s.sessions_total += count;
+        });
+        for ((id, spec), result) in ids.into_iter().zip(&specs).zip(opened) {
+            let Some(index) = self.find(id) else {
+                if let Ok((slot, codec_slot)) = result {
+                    self.frames.release(slot);
+                    self.codec.release(codec_slot);
+                }
+                continue;
+            };
+            match result {
+                Ok(slots) => {
+                    let live = &mut self.sessions[index];
+                    live.slot = Some(slots);
+                    live.trailing_known = spec.plan.trailing.len();
+                    live.started = Some(started);
+                }
                 Err(e) => self.fail(index, e),
             }
         }
-    }
-
-    fn try_start(&mut self, index: usize) -> Result<()> {
-        let live = &mut self.sessions[index];
-        let Some(plan) = live.plan(&self.model, self.options.limits)? else {
-            live.awaiting_text = true;
-            return Ok(());
-        };
-        let trailing_known = plan.trailing.len();
-        let spec = SequenceSpec {
-            plan,
-            sampling: live.sampling,
-            max_frames: live.max_frames,
-        };
-        let started = Instant::now();
-        let slot = self.frames.start(&spec)?;
-        let codec_slot = match self.open_codec(&spec.plan.reference_codes) {
-            Ok(c) => c,
-            Err(e) => {
-                self.frames.release(slot);
-                return Err(e);
-            }
-        };
-        let elapsed = started.elapsed();
-        self.stats_mut(|s| {
-            s.prefill_time += elapsed;
-            s.sessions_total += 1;
-        });
-        let live = &mut self.sessions[index];
-        live.slot = Some((slot, codec_slot));
-        live.trailing_known = trailing_known;
-        live.started = Some(started);
-        Ok(())
     }
 
     /// A codec stream for a new session. An in-context voice's audio continues its reference:

@@ -49,12 +49,18 @@ impl FrameBackend for ReferenceBackend {
         "reference (candle, CPU, f32)".to_string()
     }
 
-    fn start(&mut self, spec: &SequenceSpec) -> Result<SlotId> {
-        let sequence = Sequence::start(&self.model, spec)?;
-        let slot = SlotId(self.next_slot);
-        self.next_slot += 1;
-        self.slots.insert(slot, sequence);
-        Ok(slot)
+    /// One sequence after the other: the CPU gains nothing from running prefills together.
+    fn start(&mut self, specs: &[SequenceSpec]) -> Vec<Result<SlotId>> {
+        specs
+            .iter()
+            .map(|spec| {
+                let sequence = Sequence::start(&self.model, spec)?;
+                let slot = SlotId(self.next_slot);
+                self.next_slot += 1;
+                self.slots.insert(slot, sequence);
+                Ok(slot)
+            })
+            .collect()
     }
 
     fn step(&mut self, slots: &[SlotId]) -> Result<Vec<FrameEvent>> {

@@ -1,10 +1,11 @@
 //! Batched-prefill check and benchmark on a full-size checkpoint:
-//! `prefill_bench --model DIR [--rows 40] [--sequences 1,16] [--reps 20] [--cpu-check N]`.
+//! `prefill_bench --model DIR [--rows 40] [--sequences 1,16] [--reps 20] [--warmup 2]
+//! [--cpu-check N] [--no-check]`.
 //! Prompts of exactly `--rows` rows (the real prompt builder, CustomVoice or VoiceDesign).
 //! Prints JSON lines:
 //! - `prefill_check`: the first `--cpu-check` prompts' GPU prefill logits against the CPU f32
 //!   reference (relative error, same greedy codebook-0 token); then the largest `--sequences`
-//!   count started in one call against each started alone;
+//!   count started in one call against each started alone (both skipped with `--no-check`);
 //! - `prefill`: per `--sequences` count, the host-timed `start` of that many prompts in one
 //!   call (prefill, head and codebook-0 sampling, codes read back), p50 / p90 / min.
 
@@ -24,7 +25,9 @@ struct Args {
     rows: usize,
     sequences: Vec<usize>,
     reps: usize,
+    warmup: usize,
     cpu_check: usize,
+    check: bool,
 }
 
 fn parse_args() -> Result<Args> {
@@ -33,7 +36,9 @@ fn parse_args() -> Result<Args> {
         rows: 40,
         sequences: vec![1, 16],
         reps: 20,
+        warmup: 2,
         cpu_check: 2,
+        check: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -48,9 +53,12 @@ fn parse_args() -> Result<Args> {
                     .collect::<Result<_, _>>()?
             }
             "--reps" => args.reps = value()?.parse()?,
+            "--warmup" => args.warmup = value()?.parse()?,
             "--cpu-check" => args.cpu_check = value()?.parse()?,
+            "--no-check" => args.check = false,
             other => bail!(
-                "unknown flag {other}; valid: --model, --rows, --sequences, --reps, --cpu-check"
+                "unknown flag {other}; valid: --model, --rows, --sequences, --reps, --warmup, \
+                 --cpu-check, --no-check"
             ),
         }
     }
@@ -158,15 +166,53 @@ fn main() -> Result<()> {
         })
         .collect::<Result<_>>()?;
 
-    // Each prompt alone, then all in one call.
+    if args.check {
+        check(&args, &ckpt, &mut backend, &specs, &gpu)?;
+    }
+    for &n in &args.sequences {
+        let mut ms = Vec::with_capacity(args.reps);
+        for rep in 0..args.warmup + args.reps {
+            let started = Instant::now();
+            let slots = start_all(&mut backend, &specs[..n])?;
+            let elapsed = started.elapsed().as_secs_f64() * 1e3;
+            for slot in slots {
+                backend.release(slot);
+            }
+            if rep >= args.warmup {
+                ms.push(elapsed);
+            }
+        }
+        ms.sort_by(f64::total_cmp);
+        println!(
+            "{}",
+            serde_json::json!({
+                "bench": "prefill", "sequences": n, "rows_per_sequence": args.rows,
+                "rows": n * args.rows, "reps": ms.len(), "ms_p50": percentile(&ms, 0.5),
+                "ms_p90": percentile(&ms, 0.9), "ms_min": ms[0], "gpu": gpu,
+            })
+        );
+    }
+    Ok(())
+}
+
+/// The `prefill_check` lines: each prompt alone against the CPU reference, then all in one call
+/// against each alone.
+fn check(
+    args: &Args,
+    ckpt: &Checkpoint,
+    backend: &mut CudaBackend,
+    specs: &[SequenceSpec],
+    gpu: &str,
+) -> Result<()> {
+    let most = specs.len();
     let mut solo = Vec::with_capacity(most);
-    for spec in &specs {
+    for spec in specs {
         let slot = backend.start_one(spec)?;
         solo.push(backend.logits(slot)?);
         backend.release(slot);
     }
     if args.cpu_check > 0 {
-        let reference = ReferenceModel::new(&ckpt)?;
+        let reference = ReferenceModel::new(ckpt)?;
         for (k, spec) in specs.iter().enumerate().take(args.cpu_check) {
             let started = Instant::now();
             let want = reference
@@ -184,7 +230,7 @@ fn main() -> Result<()> {
             );
         }
     }
-    let slots = start_all(&mut backend, &specs)?;
+    let slots = start_all(backend, specs)?;
     let mut worst = 0f64;
     let mut same_argmax = true;
     for (slot, want) in slots.iter().zip(&solo) {
@@ -200,30 +246,5 @@ fn main() -> Result<()> {
             "rows": args.rows, "logits_rel_err_max": worst, "same_argmax": same_argmax, "gpu": gpu,
         })
     );
-
-    for &n in &args.sequences {
-        let mut ms = Vec::with_capacity(args.reps);
-        for rep in 0..args.reps + 2 {
-            let started = Instant::now();
-            let slots = start_all(&mut backend, &specs[..n])?;
-            let elapsed = started.elapsed().as_secs_f64() * 1e3;
-            for slot in slots {
-                backend.release(slot);
-            }
-            // The first two calls warm the caches and the code paths.
-            if rep >= 2 {
-                ms.push(elapsed);
-            }
-        }
-        ms.sort_by(f64::total_cmp);
-        println!(
-            "{}",
-            serde_json::json!({
-                "bench": "prefill", "sequences": n, "rows_per_sequence": args.rows,
-                "rows": n * args.rows, "reps": ms.len(), "ms_p50": percentile(&ms, 0.5),
-                "ms_p90": percentile(&ms, 0.9), "ms_min": ms[0], "gpu": gpu,
-            })
-        );
-    }
     Ok(())
 }

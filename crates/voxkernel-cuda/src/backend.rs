@@ -583,7 +583,7 @@ impl CudaBackend {
         }
         if !rows.is_empty() {
             self.prefill
-                .project(&stream, &rows, &dest, ptr(&self.bufs.trailing, &stream))?;
+                .project(&stream, &rows, &dest, self.base.trailing)?;
         }
 
         // Passes of up to max_prefill_rows rows; a sequence may continue in the next pass.
@@ -609,8 +609,8 @@ impl CudaBackend {
         }
 
         // The codec head and codebook-0 sampling of each sequence's last row, MAX_BATCH at once.
-        let head = self.prefill.head_ptr(&stream);
-        let codes = ptr(&self.bufs.codes, &stream);
+        let head = self.prefill.head_ptr();
+        let codes = self.base.codes;
         let stride = self.prefill.head_stride();
         for (group, batch) in sequences.chunks(MAX_BATCH).enumerate() {
             let first = group * MAX_BATCH;
@@ -674,7 +674,7 @@ impl CudaBackend {
             row0 += n;
         }
         if !rows.is_empty() {
-            let x = self.prefill.x_ptr(&stream);
+            let x = self.prefill.x_ptr();
             self.prefill.project(&stream, &rows, &dest, x)?;
         }
         self.prefill.talker(&stream, &segments)
@@ -932,7 +932,7 @@ impl FrameBackend for CudaBackend {
         let first = (slot.0 * max_len + known) as i32;
         let dest: Vec<i32> = (first..first + rows.len() as i32).collect();
         let stream = Arc::clone(&self.stream);
-        let out = ptr(&self.bufs.trailing, &stream);
+        let out = self.base.trailing;
         self.prefill.project(&stream, &rows, &dest, out)?;
         if let Some(state) = self.slots[slot.0].as_mut() {
             state.trailing_len += ids.len();

@@ -1,8 +1,9 @@
 //! voxkernel-cuda: the CUDA backend. One cooperative "megakernel" launch advances a batch of
 //! sequences by one audio frame (code predictor, sub-talker sampling, talker step, codebook-0
-//! sampling). [`CudaCodec`] decodes the frames of many streams to audio (kernels/codec.cu).
-//! Kernels are compiled at first use with NVRTC and cached on disk. This is the only crate with
-//! `unsafe` code.
+//! sampling); new sequences are prefilled together, on the tensor cores (kernels/prefill.cu).
+//! [`CudaCodec`] decodes the frames of many streams to audio (kernels/codec.cu). Kernels are
+//! compiled at first use with NVRTC and cached on disk. This is the only crate with `unsafe`
+//! code.
 
 mod backend;
 pub mod bench;

@@ -143,6 +143,18 @@ struct Scratch {
     table: CudaSlice<i32>,
 }
 
+/// `Scratch`'s device addresses, taken once (each lookup would record an event).
+#[derive(Debug, Clone, Copy)]
+struct ScratchPointers {
+    x: u64,
+    planes: u64,
+    part: u64,
+    q: u64,
+    head: u64,
+    speakers: u64,
+    table: u64,
+}
+
 /// Where the per-pass tables live in `Scratch::table`.
 #[derive(Debug, Clone, Copy)]
 struct TableLayout {
@@ -153,6 +165,7 @@ pub(crate) struct Prefill {
     products: Products,
     kernels: Kernels,
     scratch: Scratch,
+    at: ScratchPointers,
     geometry: Geometry,
     weights: WeightPointers,
     layers: Vec<LayerPointers>,
@@ -285,10 +298,20 @@ impl Prefill {
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             attention_smem as i32,
         )?;
+        let at = ScratchPointers {
+            x: ptr(&scratch.x, stream),
+            planes: ptr(&scratch.planes, stream),
+            part: ptr(&scratch.part, stream),
+            q: ptr(&scratch.q, stream),
+            head: ptr(&scratch.head, stream),
+            speakers: ptr(&scratch.speakers, stream),
+            table: ptr(&scratch.table, stream),
+        };
         Ok(Self {
             products,
             kernels,
             scratch,
+            at,
             geometry: *geometry,
             weights: weights.ptr,
             layers: weights.talker_layers.clone(),
@@ -310,14 +333,14 @@ impl Prefill {
     }
 
     /// The rows a talker pass reads (`[max_rows][hidden]`).
-    pub(crate) fn x_ptr(&self, stream: &Arc<CudaStream>) -> u64 {
-        ptr(&self.scratch.x, stream)
+    pub(crate) fn x_ptr(&self) -> u64 {
+        self.at.x
     }
 
     /// Each sequence's last row after the last layer, `[sequence][head_stride]` (the frame
     /// kernel's `x` layout, so `MODE_HEAD` can read it in place).
-    pub(crate) fn head_ptr(&self, stream: &Arc<CudaStream>) -> u64 {
-        ptr(&self.scratch.head, stream)
+    pub(crate) fn head_ptr(&self) -> u64 {
+        self.at.head
     }
 
     pub(crate) fn head_stride(&self) -> usize {
@@ -366,7 +389,7 @@ impl Prefill {
             words,
             &mut self.scratch.table.slice_mut(offset..offset + words.len()),
         )?;
-        Ok(ptr(&self.scratch.table, stream) + 4 * offset as u64)
+        Ok(self.at.table + 4 * offset as u64)
     }
 
     fn launch<P: DeviceRepr>(
@@ -398,8 +421,8 @@ impl Prefill {
     ) -> Result<i32> {
         let p = Gemm {
             w,
-            x: ptr(&self.scratch.planes, stream),
-            out: ptr(&self.scratch.part, stream),
+            x: self.at.planes,
+            out: self.at.part,
             plane: (rows * k) as i64,
             n: n as i32,
             k: k as i32,
@@ -449,11 +472,11 @@ impl Prefill {
                 bias: w.fc1_b,
                 codec_embedding: w.codec_embedding,
                 cp_embedding: w.cp_embedding,
-                speakers: ptr(&self.scratch.speakers, stream),
+                speakers: self.at.speakers,
                 rows: table,
                 ref_codes: table + 4 * 4 * n as u64,
-                part: ptr(&self.scratch.part, stream),
-                planes: ptr(&self.scratch.planes, stream),
+                part: self.at.part,
+                planes: self.at.planes,
                 out,
                 n_rows: n as i32,
                 splits: 0,
@@ -521,14 +544,14 @@ impl Prefill {
         let tiles_ptr = row_head_ptr + 4 * rows as u64;
 
         let mut p = Rows {
-            x: ptr(&self.scratch.x, stream),
+            x: self.at.x,
             part: 0,
-            planes: ptr(&self.scratch.planes, stream),
+            planes: self.at.planes,
             weight: self.layers[0][LAYER_IN_NORM],
             q_norm: 0,
             k_norm: 0,
             inv_freq: self.weights.talker_inv_freq,
-            q: ptr(&self.scratch.q, stream),
+            q: self.at.q,
             k_cache: self.k_cache,
             v_cache: self.v_cache,
             head: 0,
@@ -553,7 +576,7 @@ impl Prefill {
         let rows_cfg = per_row(rows);
         let k = &self.kernels;
         self.launch(stream, &k.residual_norm, rows_cfg, &p, "input norm")?;
-        p.part = ptr(&self.scratch.part, stream);
+        p.part = self.at.part;
         for layer in 0..t.layers {
             let lw = self.layers[layer];
             p.layer = layer as i32;
@@ -579,11 +602,7 @@ impl Prefill {
             } else {
                 self.layers[layer + 1][LAYER_IN_NORM]
             };
-            p.head = if last {
-                ptr(&self.scratch.head, stream)
-            } else {
-                0
-            };
+            p.head = if last { self.at.head } else { 0 };
             self.launch(stream, &k.residual_norm, rows_cfg, &p, "residual")?;
         }
         Ok(())

@@ -20,6 +20,8 @@ mkdir -p /tmp/vkbin && for f in "$G"/bin/*.xz; do
   python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$f" "/tmp/vkbin/$(basename "$f" .xz)"
 done
 chmod +x /tmp/vkbin/*
+# make_ckpt.py reads ../reference beside its own folder.
+python3 -c 'import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$G/reference.tar.xz" "$G"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
 echo "== GPU tests (tiny fixtures)"

@@ -19,11 +19,13 @@ cp "$T/$(test_binary --test engine)" "$DEST/bin/engine_gpu"
 cp "$T/examples/prefill_bench" "$T/voxkernel" "$DEST/bin/"
 strip "$DEST"/bin/*
 # The carried tree is limited to 64 MiB: compressed binaries leave room for the wheels.
-xz -T0 -6 "$DEST"/bin/*
+xz -T0 -9e "$DEST"/bin/*
 # make_ckpt.py reads ../reference/{tokenizer,checkpoints} beside its own folder.
+# Compressed too (check_prefill.sh unpacks it with Python: xz may be missing there).
 cp /work/shared/refcheck/make_ckpt.py "$DEST/refcheck/"
 cp -a /work/shared/reference/tokenizer "$DEST/reference/"
 cp /work/shared/reference/checkpoints/*.json "$DEST/reference/checkpoints/"
+tar -C "$DEST" -cJf "$DEST/reference.tar.xz" reference && rm -rf "$DEST/reference"
 cp /work/shared/wheels/official/*.whl /work/shared/wheels/common/*.whl "$DEST/whl/"
 cp "$WT/scripts/gpu/check_prefill.sh" "$DEST/"
 du -sh "$DEST"

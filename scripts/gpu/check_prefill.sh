@@ -6,7 +6,7 @@
 #    solo prefill, parity with the official float32 fixtures, the engine on the GPU.
 # 2. A random full-size 0.6B CustomVoice checkpoint (no EOS): prefill logits against the CPU f32
 #    reference, batched against solo, host-timed prefill of 1, 4 and 16 prompts of 40 rows.
-# 3. (PROFILE=1, the default) ncu: GPU time per kernel of one 16 x 40 prefill.
+# 3. (PROFILE=1, the default) ncu: GPU time per kernel of one 1 x 40 and one 16 x 40 prefill.
 # 4. `voxkernel bench --e2e --concurrency 1,4,16`: time to first audio through the engine.
 set -u
 G=$(cd "$(dirname "$0")" && pwd)
@@ -42,12 +42,29 @@ timeout 300 /tmp/vkbin/prefill_bench --model "$CKPT" --rows 40 --sequences 1,4,1
   | tee "$OUT/prefill.log" | grep -E '^\{|rror'
 
 if [ "${PROFILE:-1}" = 1 ]; then
-  echo "== GPU time per kernel of one 16 x 40 prefill (ncu: each kernel alone, clocks untouched)"
   NCU=$(command -v ncu || find / -name ncu -type f -path '*nsight-compute*' -not -path '/proc/*' 2>/dev/null | head -1)
-  timeout 200 "$NCU" --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
-    /tmp/vkbin/prefill_bench --model "$CKPT" --rows 40 --sequences 16 --reps 1 --warmup 0 --no-check \
-    > "$OUT/ncu.log" 2>&1
-  grep -E '^  [a-z_]+|gpu__time_duration.sum|Invocations|^\{' "$OUT/ncu.log" | head -60
+  for n in 1 16; do
+    echo "== GPU time per kernel of one $n x 40 prefill (ncu: each kernel alone, clocks and caches untouched)"
+    timeout 150 "$NCU" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+      /tmp/vkbin/prefill_bench --model "$CKPT" --rows 40 --sequences $n --reps 1 --warmup 0 --no-check \
+      > "$OUT/ncu-$n.csv" 2>/dev/null
+    python3 - "$OUT/ncu-$n.csv" <<'PY'
+import csv, sys, collections
+rows = list(csv.reader(open(sys.argv[1])))
+head = next(r for r in rows if r and r[0] == "ID")
+data = [r for r in rows if len(r) == len(head) and r[0].isdigit()]
+col = {name: i for i, name in enumerate(head)}
+scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
+total = collections.defaultdict(float); count = collections.Counter()
+for r in data:
+    key = (r[col["Kernel Name"]].split("(")[0], r[col["Grid Size"]])
+    us = float(r[col["Metric Value"]].replace(",", "")) * scale[r[col["Metric Unit"]]]
+    total[key] += us; count[key] += 1
+for key, us in sorted(total.items(), key=lambda kv: -kv[1]):
+    print(f"  {key[0]:14s} grid {key[1]:14s} x{count[key]:3d}  {us / count[key]:8.2f} us each  {us:9.1f} us")
+print(f"  sum of kernel times {sum(total.values()) / 1e3:.3f} ms over {sum(count.values())} launches")
+PY
+  done
 fi
 
 echo "== voxkernel bench --e2e"

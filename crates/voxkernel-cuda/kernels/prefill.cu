@@ -20,9 +20,10 @@ typedef long long i64;
 #define TILE_K 32
 #define STAGES 4
 #define SROW (TILE_K + 8)  // shared row of 80 bytes: ldmatrix reads 8 rows without bank conflicts
-#define ROW_THREADS 256
+#define ROW_THREADS 1024   // row kernels: a whole talker row per block, one element per thread
+#define ROPE_WARPS 8
 #define ATTN_WARPS 8
-#define ATTN_TASKS 32      // (row, head) pairs per attention block: 4 per warp
+#define ATTN_TASKS_PER_WARP 2  // (row, q head) tasks: one per warp unless a kv group is wider
 #define KEY_CHUNK 32
 #define MAX_HEAD_DIM 256
 #define NEG_INF (-__int_as_float(0x7f800000))
@@ -82,9 +83,11 @@ __device__ float block_sum(float v, float* red) {
   return t;
 }
 
-// The sum over the splits of a product's partials, element i of row r (fixed order).
+// The sum over the splits of a product's partials at `at` (fixed order). The loads are
+// unrolled so that they are all in flight at once: with few rows this is latency, not bandwidth.
 __device__ __forceinline__ float gathered(const float* part, int splits, i64 split_stride, i64 at) {
   float s = part[at];
+#pragma unroll 8
   for (int z = 1; z < splits; z++) s += part[z * split_stride + at];
   return s;
 }
@@ -347,10 +350,10 @@ extern "C" __global__ void __launch_bounds__(ROW_THREADS) residual_norm(const Ro
     store_pieces(p.planes, plane, (i64)r * H + i, bf2f(p.weight[i]) * (x[i] * rs));
 }
 
-// One warp per (row, head): q/k RMSNorm and RoPE at the row's position; q to `q`, k and v to the
-// caches.
-extern "C" __global__ void __launch_bounds__(ROW_THREADS) qk_rope(const Rows p) {
-  __shared__ float vec[ROW_THREADS / 32][MAX_HEAD_DIM];
+// One warp per (row, head), heads spread over blockIdx.y: q/k RMSNorm and RoPE at the row's
+// position; q to `q`, k and v to the caches.
+extern "C" __global__ void __launch_bounds__(ROPE_WARPS * 32) qk_rope(const Rows p) {
+  __shared__ float vec[ROPE_WARPS][MAX_HEAD_DIM];
   const int r = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int hd = p.head_dim, half = hd / 2, qw = p.n_heads * hd, kvw = p.n_kv * hd;
   const int width = qw + 2 * kvw;
@@ -359,16 +362,21 @@ extern "C" __global__ void __launch_bounds__(ROW_THREADS) qk_rope(const Rows p) 
   const i64 split = (i64)p.rows * width;
   const i64 at = (i64)r * width;
   float* v = vec[warp];
-  for (int h = warp; h < p.n_heads + p.n_kv; h += ROW_THREADS / 32) {
+  const int h = blockIdx.y * ROPE_WARPS + warp;
+  if (h < p.n_heads + p.n_kv) {
     const bool is_q = h < p.n_heads;
     const int g = h - p.n_heads;
     const int col = is_q ? h * hd : qw + g * hd;
     const bf16_t* nw = is_q ? p.q_norm : p.k_norm;
     float ss = 0.f;
-    for (int i = lane; i < hd; i += 32) {
-      const float s = gathered(p.part, p.splits, split, at + col + i);
-      v[i] = s;
-      ss += s * s;
+#pragma unroll
+    for (int j = 0; j < MAX_HEAD_DIM / 32; j++) {
+      const int i = lane + 32 * j;
+      if (i < hd) {
+        const float s = gathered(p.part, p.splits, split, at + col + i);
+        v[i] = s;
+        ss += s * s;
+      }
     }
     const float rs = rsqrtf(warp_sum(ss) / (float)hd + p.eps);
     __syncwarp();
@@ -393,19 +401,20 @@ extern "C" __global__ void __launch_bounds__(ROW_THREADS) qk_rope(const Rows p) 
       dst[i] = a * cs - c * sn;
       dst[i + half] = c * cs + a * sn;
     }
-    __syncwarp();
   }
 }
 
 // Causal attention of each row over its sequence's cache (positions 0..pos). One block per
-// (tile of a segment's rows, kv head); its (row, q head) tasks are spread over the warps, keys
-// come through shared memory KEY_CHUNK at a time, and each lane scores one key.
+// (tile of a segment's rows, kv head), one (row, q head) task per warp; keys come through shared
+// memory KEY_CHUNK at a time, each lane scores one key (float4 reads, rows padded by 4 floats so
+// the 8 lanes of a phase hit distinct banks), then the warp accumulates 4 dims per lane.
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) attention(const Rows p) {
-  extern __shared__ float asm_[];
-  const int hd = p.head_dim, gs = p.n_heads / p.n_kv, qw = p.n_heads * hd;
-  float* qs = asm_;                          // [ATTN_TASKS][hd]
-  float* ks = qs + ATTN_TASKS * hd;          // [KEY_CHUNK][hd + 1]
-  float* vs = ks + KEY_CHUNK * (hd + 1);     // [KEY_CHUNK][hd]
+  extern __shared__ __align__(16) float asm_[];
+  const int hd = p.head_dim, hd4 = hd / 4, gs = p.n_heads / p.n_kv, qw = p.n_heads * hd;
+  const int kstride = hd + 4;
+  float* ks = asm_;                       // [KEY_CHUNK][hd + 4]
+  float* vs = ks + KEY_CHUNK * kstride;   // [KEY_CHUNK][hd]
+  float* qs = vs + KEY_CHUNK * hd;        // [ATTN_WARPS * ATTN_TASKS_PER_WARP][hd]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = blockIdx.y;
   const int* tile = p.tiles + blockIdx.x * 2;
@@ -416,59 +425,77 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) attention(const Ro
   const int row0 = seg[SEG_ROW0] + t0, pos0 = seg[SEG_POS0] + t0;
   const int last_pos = pos0 + n_rows - 1;
   const i64 head_base = (((i64)seg[SEG_SLOT] * p.n_layers + p.layer) * p.n_kv + g) * p.max_len;
-  const float* kc = p.k_cache + head_base * hd;
-  const float* vc = p.v_cache + head_base * hd;
+  const float4* kc = reinterpret_cast<const float4*>(p.k_cache + head_base * hd);
+  const float4* vc = reinterpret_cast<const float4*>(p.v_cache + head_base * hd);
   const float scale = rsqrtf((float)hd);
 
-  for (int i = threadIdx.x; i < n_tasks * hd; i += ATTN_WARPS * 32) {
-    const int t = i / hd, d = i % hd;
-    qs[i] = p.q[(i64)(row0 + t / gs) * qw + (g * gs + t % gs) * hd + d];
+  for (int i = threadIdx.x; i < n_tasks * hd4; i += ATTN_WARPS * 32) {
+    const int t = i / hd4, d4 = i % hd4;
+    reinterpret_cast<float4*>(qs + t * hd)[d4] = reinterpret_cast<const float4*>(
+        p.q + (i64)(row0 + t / gs) * qw + (g * gs + t % gs) * hd)[d4];
   }
-  float m[ATTN_TASKS / ATTN_WARPS], l[ATTN_TASKS / ATTN_WARPS];
-  float acc[ATTN_TASKS / ATTN_WARPS][MAX_HEAD_DIM / 32];
+  float m[ATTN_TASKS_PER_WARP], l[ATTN_TASKS_PER_WARP];
+  float4 acc[ATTN_TASKS_PER_WARP][MAX_HEAD_DIM / 128];
 #pragma unroll
-  for (int j = 0; j < ATTN_TASKS / ATTN_WARPS; j++) {
+  for (int j = 0; j < ATTN_TASKS_PER_WARP; j++) {
     m[j] = NEG_INF;
     l[j] = 0.f;
 #pragma unroll
-    for (int e = 0; e < MAX_HEAD_DIM / 32; e++) acc[j][e] = 0.f;
+    for (int c = 0; c < MAX_HEAD_DIM / 128; c++) acc[j][c] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
   for (int c0 = 0; c0 <= last_pos; c0 += KEY_CHUNK) {
     const int n_keys = min(KEY_CHUNK, last_pos + 1 - c0);
     __syncthreads();
-    for (int i = threadIdx.x; i < n_keys * hd; i += ATTN_WARPS * 32) {
-      const int j = i / hd, d = i % hd;
-      ks[j * (hd + 1) + d] = kc[(i64)(c0 + j) * hd + d];
-      vs[i] = vc[(i64)c0 * hd + i];
+    for (int i = threadIdx.x; i < n_keys * hd4; i += ATTN_WARPS * 32) {
+      const int j = i / hd4, d4 = i % hd4;
+      reinterpret_cast<float4*>(ks + j * kstride)[d4] = kc[(i64)(c0 + j) * hd4 + d4];
+      reinterpret_cast<float4*>(vs)[i] = vc[(i64)c0 * hd4 + i];
     }
     __syncthreads();
 #pragma unroll
-    for (int j = 0; j < ATTN_TASKS / ATTN_WARPS; j++) {
+    for (int j = 0; j < ATTN_TASKS_PER_WARP; j++) {
       const int t = warp + j * ATTN_WARPS;
       if (t >= n_tasks) continue;
       const int pos = pos0 + t / gs;
       if (c0 > pos) continue;
       const int valid = min(n_keys, pos + 1 - c0);
-      const float* q = qs + t * hd;
       float s = NEG_INF;
       if (lane < valid) {
-        const float* k = ks + lane * (hd + 1);
-        float d = 0.f;
-        for (int i = 0; i < hd; i++) d += q[i] * k[i];
-        s = d * scale;
+        const float4* q = reinterpret_cast<const float4*>(qs + t * hd);
+        const float4* k = reinterpret_cast<const float4*>(ks + lane * kstride);
+        float d0 = 0.f, d1 = 0.f;
+#pragma unroll 8
+        for (int i = 0; i < hd4; i++) {
+          const float4 a = q[i], b = k[i];
+          d0 += a.x * b.x + a.y * b.y;
+          d1 += a.z * b.z + a.w * b.w;
+        }
+        s = (d0 + d1) * scale;
       }
       const float m_new = fmaxf(m[j], warp_max(s));
       const float corr = expf(m[j] - m_new);
       const float pw = expf(s - m_new);
       l[j] = l[j] * corr + warp_sum(pw);
 #pragma unroll
-      for (int e = 0; e < MAX_HEAD_DIM / 32; e++) acc[j][e] *= corr;
+      for (int c = 0; c < MAX_HEAD_DIM / 128; c++) {
+        acc[j][c].x *= corr;
+        acc[j][c].y *= corr;
+        acc[j][c].z *= corr;
+        acc[j][c].w *= corr;
+      }
+#pragma unroll 4
       for (int key = 0; key < valid; key++) {
         const float pk = __shfl_sync(0xffffffffu, pw, key);
 #pragma unroll
-        for (int e = 0; e < MAX_HEAD_DIM / 32; e++) {
-          const int d = lane + 32 * e;
-          if (d < hd) acc[j][e] += pk * vs[key * hd + d];
+        for (int c = 0; c < MAX_HEAD_DIM / 128; c++) {
+          const int d4 = lane + 32 * c;
+          if (d4 < hd4) {
+            const float4 v = reinterpret_cast<const float4*>(vs + key * hd)[d4];
+            acc[j][c].x += pk * v.x;
+            acc[j][c].y += pk * v.y;
+            acc[j][c].z += pk * v.z;
+            acc[j][c].w += pk * v.w;
+          }
         }
       }
       m[j] = m_new;
@@ -476,14 +503,20 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) attention(const Ro
   }
   const i64 plane = (i64)p.rows * qw;
 #pragma unroll
-  for (int j = 0; j < ATTN_TASKS / ATTN_WARPS; j++) {
+  for (int j = 0; j < ATTN_TASKS_PER_WARP; j++) {
     const int t = warp + j * ATTN_WARPS;
     if (t >= n_tasks) continue;
     const i64 at = (i64)(row0 + t / gs) * qw + (g * gs + t % gs) * hd;
+    const float inv = 1.f / l[j];
 #pragma unroll
-    for (int e = 0; e < MAX_HEAD_DIM / 32; e++) {
-      const int d = lane + 32 * e;
-      if (d < hd) store_pieces(p.planes, plane, at + d, acc[j][e] / l[j]);
+    for (int c = 0; c < MAX_HEAD_DIM / 128; c++) {
+      const int d4 = lane + 32 * c;
+      if (d4 < hd4) {
+        store_pieces(p.planes, plane, at + 4 * d4, acc[j][c].x * inv);
+        store_pieces(p.planes, plane, at + 4 * d4 + 1, acc[j][c].y * inv);
+        store_pieces(p.planes, plane, at + 4 * d4 + 2, acc[j][c].z * inv);
+        store_pieces(p.planes, plane, at + 4 * d4 + 3, acc[j][c].w * inv);
+      }
     }
   }
 }

@@ -24,10 +24,11 @@ pub const GEMM_TILE_K: usize = 32;
 pub const GEMM_STAGES: usize = 4;
 /// Shared-memory row of a stage, in bf16 elements (`SROW`).
 pub const GEMM_SROW: usize = GEMM_TILE_K + 8;
-pub const ROW_THREADS: u32 = 256;
-pub const ATTN_THREADS: u32 = 256;
-/// (row, head) pairs per attention block (`ATTN_TASKS`).
-pub const ATTN_TASKS: usize = 32;
+pub const ROW_THREADS: u32 = 1024;
+pub const ROPE_WARPS: usize = 8;
+pub const ATTN_WARPS: usize = 8;
+/// (row, q head) tasks a warp of the attention kernel can hold (`ATTN_TASKS_PER_WARP`).
+pub const ATTN_TASKS_PER_WARP: usize = 2;
 pub const KEY_CHUNK: usize = 32;
 /// Words per entry of the prefill's segment table (`SEG_WORDS`).
 pub const SEG_WORDS: usize = 4;

@@ -83,12 +83,22 @@ __device__ float block_sum(float v, float* red) {
   return t;
 }
 
-// The sum over the splits of a product's partials at `at` (fixed order). The loads are
-// unrolled so that they are all in flight at once: with few rows this is latency, not bandwidth.
+#define GATHER 16      // partial sums loaded at once
+#define ROPE_GATHER 8  // per dim of a lane, in qk_rope
+
+// The sum over the splits of a product's partials at `at`, in split order. All loads of a chunk
+// are issued before the first add: with few rows this is latency, one round trip per chunk
+// rather than per split. Adding the zeros of absent splits changes no bit.
 __device__ __forceinline__ float gathered(const float* part, int splits, i64 split_stride, i64 at) {
-  float s = part[at];
-#pragma unroll 8
-  for (int z = 1; z < splits; z++) s += part[z * split_stride + at];
+  float s = 0.f;
+  for (int z0 = 0; z0 < splits; z0 += GATHER) {
+    float v[GATHER];
+#pragma unroll
+    for (int j = 0; j < GATHER; j++)
+      v[j] = z0 + j < splits ? part[(i64)(z0 + j) * split_stride + at] : 0.f;
+#pragma unroll
+    for (int j = 0; j < GATHER; j++) s += v[j];
+  }
   return s;
 }
 
@@ -368,14 +378,39 @@ extern "C" __global__ void __launch_bounds__(ROPE_WARPS * 32) qk_rope(const Rows
     const int g = h - p.n_heads;
     const int col = is_q ? h * hd : qw + g * hd;
     const bf16_t* nw = is_q ? p.q_norm : p.k_norm;
+    // The head's (and for a kv head its v's) partial sums, all of a chunk of splits in flight at
+    // once, each element summed in split order like `gathered`.
+    float sums[MAX_HEAD_DIM / 32], values[MAX_HEAD_DIM / 32];
+#pragma unroll
+    for (int j = 0; j < MAX_HEAD_DIM / 32; j++) sums[j] = values[j] = 0.f;
+    const i64 vcol = qw + kvw + g * hd;
+    for (int z0 = 0; z0 < p.splits; z0 += ROPE_GATHER) {
+      float a[MAX_HEAD_DIM / 32][ROPE_GATHER], b[MAX_HEAD_DIM / 32][ROPE_GATHER];
+#pragma unroll
+      for (int j = 0; j < MAX_HEAD_DIM / 32; j++)
+#pragma unroll
+        for (int z = 0; z < ROPE_GATHER; z++) {
+          const int i = lane + 32 * j;
+          const bool ok = i < hd && z0 + z < p.splits;
+          const float* pz = p.part + (i64)(z0 + z) * split + at;
+          a[j][z] = ok ? pz[col + i] : 0.f;
+          b[j][z] = ok && !is_q ? pz[vcol + i] : 0.f;
+        }
+#pragma unroll
+      for (int j = 0; j < MAX_HEAD_DIM / 32; j++)
+#pragma unroll
+        for (int z = 0; z < ROPE_GATHER; z++) {
+          sums[j] += a[j][z];
+          values[j] += b[j][z];
+        }
+    }
     float ss = 0.f;
 #pragma unroll
     for (int j = 0; j < MAX_HEAD_DIM / 32; j++) {
       const int i = lane + 32 * j;
       if (i < hd) {
-        const float s = gathered(p.part, p.splits, split, at + col + i);
-        v[i] = s;
-        ss += s * s;
+        v[i] = sums[j];
+        ss += sums[j] * sums[j];
       }
     }
     const float rs = rsqrtf(warp_sum(ss) / (float)hd + p.eps);
@@ -390,8 +425,9 @@ extern "C" __global__ void __launch_bounds__(ROPE_WARPS * 32) qk_rope(const Rows
           (((i64)seg[SEG_SLOT] * p.n_layers + p.layer) * p.n_kv + g) * p.max_len + pos;
       dst = p.k_cache + head_base * hd;
       float* vdst = p.v_cache + head_base * hd;
-      for (int i = lane; i < hd; i += 32)
-        vdst[i] = gathered(p.part, p.splits, split, at + qw + kvw + g * hd + i);
+#pragma unroll
+      for (int j = 0; j < MAX_HEAD_DIM / 32; j++)
+        if (lane + 32 * j < hd) vdst[lane + 32 * j] = values[j];
     }
     for (int i = lane; i < half; i += 32) {
       const float f = (float)pos * p.inv_freq[i];
@@ -522,11 +558,13 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) attention(const Ro
 }
 
 // silu(gate) * up from the gate|up product, in three pieces (the down projection's input).
+// Blocks (row, ROW_THREADS columns of it): one element per thread.
 extern "C" __global__ void __launch_bounds__(ROW_THREADS) silu_mul(const Rows p) {
   const int r = blockIdx.x, I = p.inter;
   const i64 split = (i64)p.rows * 2 * I, at = (i64)r * 2 * I;
   const i64 plane = (i64)p.rows * I;
-  for (int i = threadIdx.x; i < I; i += ROW_THREADS) {
+  const int i = blockIdx.y * ROW_THREADS + threadIdx.x;
+  if (i < I) {
     const float gt = gathered(p.part, p.splits, split, at + i);
     const float up = gathered(p.part, p.splits, split, at + I + i);
     store_pieces(p.planes, plane, (i64)r * I + i, gt / (1.f + expf(-gt)) * up);

@@ -200,8 +200,8 @@ fn ptr<T>(slice: &CudaSlice<T>, stream: &Arc<CudaStream>) -> u64 {
 const SPLIT_OVERHEAD_STEPS: usize = 3;
 
 /// Most depth splits of a product: the consuming row kernel loads every split's partial sum of
-/// an element, and beyond 8 those loads cost more than the split saves.
-const MAX_SPLITS: usize = 8;
+/// an element, 16 at a time (`GATHER` in prefill.cu), so each 16 more cost it a round trip.
+const MAX_SPLITS: usize = 32;
 
 /// The depth splits of a product (`n` outputs, depth `k`, `rows` rows) and the depth of each:
 /// the fewest block-waves times steps per block, where `slots` blocks run at once and the
@@ -614,7 +614,15 @@ impl Prefill {
             p.weight = lw[LAYER_POST_NORM];
             self.launch(stream, &k.residual_norm, rows_cfg, &p, "post norm")?;
             p.splits = self.gemm(stream, lw[LAYER_GATE_UP], 2 * t.inter, t.hidden, rows, 3)?;
-            self.launch(stream, &k.silu_mul, rows_cfg, &p, "SiLU")?;
+            let silu = LaunchConfig {
+                grid_dim: (
+                    rows as u32,
+                    t.inter.div_ceil(ROW_THREADS as usize) as u32,
+                    1,
+                ),
+                ..rows_cfg
+            };
+            self.launch(stream, &k.silu_mul, silu, &p, "SiLU")?;
             p.splits = self.gemm(stream, lw[LAYER_DOWN], t.hidden, t.inter, rows, 3)?;
             let last = layer + 1 == t.layers;
             p.weight = if last {

@@ -54,7 +54,7 @@ rows = list(csv.reader(open(sys.argv[1])))
 head = next(r for r in rows if r and r[0] == "ID")
 data = [r for r in rows if len(r) == len(head) and r[0].isdigit()]
 col = {name: i for i, name in enumerate(head)}
-scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
+scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
 total = collections.defaultdict(float); count = collections.Counter()
 for r in data:
     key = (r[col["Kernel Name"]].split("(")[0], r[col["Grid Size"]])

@@ -83,6 +83,11 @@ pub struct CudaCodecOptions {
     /// default, 4, is where it measured faster on an H200: one stream's transformer, upsample
     /// stages, `decoder.0` and first transposed conv.
     pub skinny_rows: usize,
+    /// Fix each matrix product's kernel and depth split from its one-frame shape, so a stream's
+    /// sums are added in the same order whatever shares its passes: its samples are then bit
+    /// for bit those of its solo decode (with the same calls). Off, the plan follows each pass's
+    /// row count, and a stream beside others can land a rounding step away from its solo run.
+    pub batch_invariant: bool,
 }
 
 impl Default for CudaCodecOptions {
@@ -92,6 +97,7 @@ impl Default for CudaCodecOptions {
             max_pass_frames: 32,
             graphs: true,
             skinny_rows: 4,
+            batch_invariant: true,
         }
     }
 }
@@ -1305,7 +1311,7 @@ impl CudaCodec {
         );
         let wav_ptr = device_ptr(&wav, &stream);
 
-        Ok(Self {
+        let mut codec = Self {
             hist,
             hist_layer_count: hist_layers.len() as u32,
             k_ring: kv_ptr,
@@ -1343,7 +1349,9 @@ impl CudaCodec {
                 _workspace: workspace_buf,
                 _kv: kv,
             },
-        })
+        };
+        codec.size_split_scratch()?;
+        Ok(codec)
     }
 
     pub fn device_name(&self) -> &str {
@@ -1389,13 +1397,6 @@ impl CudaCodec {
         let mut best = (f64::INFINITY, 16, 1, k.next_multiple_of(GEMM_BK));
         for &(bm, _, resident) in &self.kernels.gemm {
             let tiles = m.div_ceil(bm) * n.div_ceil(GEMM_BN);
-            let slots = (resident * self.sms).max(1);
-            let per_mac = match bm {
-                128 => 1.0,
-                64 => 1.2,
-                32 => 1.5,
-                _ => 2.2,
-            };
             for wanted in 1..=(k / MIN_SPLIT_DEPTH).clamp(1, MAX_SPLITS) {
                 let k_split = k.div_ceil(wanted).next_multiple_of(GEMM_BK);
                 let splits = k.div_ceil(k_split);
@@ -1404,10 +1405,7 @@ impl CudaCodec {
                 if splits > 1 && !room {
                     break;
                 }
-                let partial = if splits > 1 { 32.0 } else { 0.0 };
-                let depth = k_split as f64 * per_mac + 48.0 + partial;
-                let waves = (tiles * splits).div_ceil(slots) as f64;
-                let cost = waves * (bm * GEMM_BN) as f64 * depth;
+                let cost = self.tiled_cost(bm, resident, m, n, k_split, splits);
                 if cost < best.0 {
                     best = (cost, bm, splits, k_split);
                 }
@@ -1418,6 +1416,114 @@ impl CudaCodec {
             splits: best.2,
             k_split: best.3,
         }
+    }
+
+    /// The cost model of [`Self::gemm_plan`] for one tiled shape.
+    fn tiled_cost(
+        &self,
+        bm: usize,
+        resident: usize,
+        m: usize,
+        n: usize,
+        k_split: usize,
+        splits: usize,
+    ) -> f64 {
+        let tiles = m.div_ceil(bm) * n.div_ceil(GEMM_BN);
+        let slots = (resident * self.sms).max(1);
+        let per_mac = match bm {
+            128 => 1.0,
+            64 => 1.2,
+            32 => 1.5,
+            _ => 2.2,
+        };
+        let partial = if splits > 1 { 32.0 } else { 0.0 };
+        let depth = k_split as f64 * per_mac + 48.0 + partial;
+        let waves = (tiles * splits).div_ceil(slots) as f64;
+        waves * (bm * GEMM_BN) as f64 * depth
+    }
+
+    /// The launch shape of `g` over `m` rows. Batch-invariant: the kernel and the depth split
+    /// come from one frame's rows, and only the tile height follows `m` (each kernel adds a
+    /// row's products in an order that does not depend on its tile height).
+    fn op_plan(&self, g: &GemmOp, m: usize) -> GemmKernel {
+        let k = g.taps * g.input.width;
+        if !self.options.batch_invariant {
+            return self.gemm_plan(m, g.n, k);
+        }
+        match self.gemm_plan(g.input.rate, g.n, k) {
+            GemmKernel::Skinny {
+                splits, k_split, ..
+            } => GemmKernel::Skinny {
+                rows: if m <= 4 { 4 } else { 16 },
+                splits,
+                k_split,
+            },
+            GemmKernel::Tiled {
+                splits, k_split, ..
+            } => {
+                let bm = self
+                    .kernels
+                    .gemm
+                    .iter()
+                    .map(|&(bm, _, resident)| {
+                        (self.tiled_cost(bm, resident, m, g.n, k_split, splits), bm)
+                    })
+                    .min_by(|a, b| a.0.total_cmp(&b.0))
+                    .map_or(16, |(_, bm)| bm);
+                GemmKernel::Tiled {
+                    bm,
+                    splits,
+                    k_split,
+                }
+            }
+        }
+    }
+
+    /// Split-depth scratch (floats, tile counters) a plan over `m` x `n` needs.
+    fn split_scratch(plan: GemmKernel, m: usize, n: usize) -> (usize, usize) {
+        let (splits, tiles, per_tile) = match plan {
+            GemmKernel::Skinny { rows, splits, .. } => (
+                splits,
+                n.div_ceil(SKINNY_COLS) * m.div_ceil(rows),
+                rows * 4 * GEMM_THREADS as usize,
+            ),
+            GemmKernel::Tiled { bm, splits, .. } => {
+                (splits, n.div_ceil(GEMM_BN) * m.div_ceil(bm), bm * GEMM_BN)
+            }
+        };
+        match splits > 1 {
+            true => (tiles * splits * per_tile, tiles),
+            false => (0, 0),
+        }
+    }
+
+    /// Batch-invariant plans keep one frame's depth splits on passes of many rows, which can
+    /// need more split scratch than the fixed minimum: grow it to the largest pass's needs.
+    fn size_split_scratch(&mut self) -> Result<()> {
+        let (mut floats, mut counters) = (SPLIT_WORKSPACE_FLOATS, SPLIT_COUNTERS);
+        for op in &self.ops {
+            let Op::Gemm(g) = op else { continue };
+            for frames in 1..=self.options.max_pass_frames {
+                let m = frames * g.input.rate;
+                let (f, c) = Self::split_scratch(self.op_plan(g, m), m, g.n);
+                floats = floats.max(f);
+                counters = counters.max(c);
+            }
+        }
+        if floats > SPLIT_WORKSPACE_FLOATS {
+            let buf = alloc_f32(&self.stream, floats, "split-depth workspace")?;
+            self.workspace = device_ptr(&buf, &self.stream);
+            self._owned._workspace = buf;
+        }
+        if counters > SPLIT_COUNTERS {
+            let buf = self
+                .stream
+                .alloc_zeros::<u32>(counters)
+                .context("allocating split-depth counters")?;
+            self.counters = device_ptr(&buf, &self.stream);
+            self._owned._counters = buf;
+        }
+        Ok(())
     }
 
     fn launch(&self, op: &Op, batch: &Batch) -> Result<()> {
@@ -1535,7 +1641,7 @@ impl CudaCodec {
     fn launch_gemm(&self, g: &GemmOp, batch: &Batch) -> Result<()> {
         let m = batch.frames as usize * g.input.rate;
         let k = g.taps * g.input.width;
-        let plan = self.gemm_plan(m, g.n, k);
+        let plan = self.op_plan(g, m);
         let (GemmKernel::Tiled { k_split, .. } | GemmKernel::Skinny { k_split, .. }) = plan;
         let (act, act_w) = match g.act {
             Act::None => (ACT_NONE, 0),
@@ -1646,7 +1752,7 @@ impl CudaCodec {
             Op::Rvq { .. } => "rvq_lookup".to_string(),
             Op::Gemm(g) => {
                 let (m, k) = (frames * g.input.rate, g.taps * g.input.width);
-                let how = match self.gemm_plan(m, g.n, k) {
+                let how = match self.op_plan(g, m) {
                     GemmKernel::Skinny { rows, splits, .. } => {
                         format!("skinny={rows} splits={splits}")
                     }
@@ -1845,13 +1951,17 @@ impl CodecBackend for CudaCodec {
             .collect();
         let mut done = vec![0usize; batch.len()];
         loop {
-            // Fill a pass in batch order; a stream appears at most once per pass.
+            // Fill a pass in batch order; a stream appears at most once per pass, and waits for
+            // the next pass rather than being cut short by the others, so how a stream's frames
+            // are split into passes does not depend on what shares its calls.
             let mut pass = Vec::new();
             let mut room = self.options.max_pass_frames;
             for (index, (_, frames)) in batch.iter().enumerate() {
-                let take = (frames.len() - done[index])
-                    .min(MAX_PASS_FRAMES_PER_ENTRY)
-                    .min(room);
+                let wanted = (frames.len() - done[index]).min(MAX_PASS_FRAMES_PER_ENTRY);
+                let take = match wanted > room && !pass.is_empty() {
+                    true => 0,
+                    false => wanted.min(room),
+                };
                 if take > 0 {
                     pass.push(PassEntry {
                         index,

@@ -30,16 +30,16 @@ CKPT=/tmp/base06
 MAKE=$!
 
 echo "== GPU voice encoder vs the CPU reference (tiny Base fixture; compiles the kernels first)"
-timeout 240 /tmp/vkbin/voice_encoder --include-ignored --skip full_size --test-threads=1 \
+timeout 150 /tmp/vkbin/voice_encoder --include-ignored --skip full_size --test-threads=1 \
   --nocapture 2>&1 | tee "$OUT/voice_encoder.log" | grep -vE '^$|^running' | head -60
 
 echo "== GPU codec decoder tests (the kernel module it shares changed)"
-VOXKERNEL_FIXTURES="$PWD/tests/fixtures/parity" timeout 200 /tmp/vkbin/codec --include-ignored \
+VOXKERNEL_FIXTURES="$PWD/tests/fixtures/parity" timeout 100 /tmp/vkbin/codec --include-ignored \
   --test-threads=1 2>&1 | tee "$OUT/codec.log" | grep -E "^test |test result|panicked" | head -40
 
 TINY=tests/fixtures/clone/tiny-base
 synth() {
-  timeout 120 /tmp/vkbin/voxkernel synth --backend cuda --text "Hello there." --language english \
+  timeout 60 /tmp/vkbin/voxkernel synth --backend cuda --text "Hello there." --language english \
     --ref-audio "$TINY/audio/ref_a.wav" --max-frames 4 "$@" 2>&1 | grep -E "encoded|wrote|rror" | cut -c1-400
 }
 echo "== voxkernel synth --backend cuda --ref-audio (tiny; in-context, then x-vector only)"
@@ -49,7 +49,7 @@ synth --model "$TINY" --x-vector-only -o "$OUT/tiny_xvec.wav"
 wait "$MAKE"
 tail -2 "$OUT/make_ckpt.log"
 echo "== full-size 0.6B Base: encode time, GPU vs CPU"
-VOXKERNEL_ENCODER_CKPT=$CKPT timeout 240 /tmp/vkbin/voice_encoder --include-ignored full_size \
+VOXKERNEL_ENCODER_CKPT=$CKPT timeout 150 /tmp/vkbin/voice_encoder --include-ignored full_size \
   --nocapture 2>&1 | tee "$OUT/full_size.log" | grep -vE '^$|^running' | head -20
 echo "== voxkernel synth --backend cuda --ref-audio (full-size)"
 synth --model "$CKPT" --ref-text "This is the reference." -o "$OUT/full_icl.wav"

@@ -22,6 +22,8 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 nproc
 
 CKPT=/tmp/base06
+mkdir -p "$G/reference/tokenizer"
+cp tests/fixtures/clone/tiny-base/{vocab.json,merges.txt,tokenizer_config.json} "$G/reference/tokenizer/"
 (
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site_off \
     "$G"/wheels/official/*.whl "$G"/wheels/common/*.whl &&

@@ -32,7 +32,8 @@ cp tests/fixtures/clone/tiny-base/{vocab.json,merges.txt,tokenizer_config.json} 
 MAKE=$!
 
 echo "== GPU voice encoder vs the CPU reference (tiny Base fixture; compiles the kernels first)"
-timeout 150 /tmp/vkbin/voice_encoder --include-ignored --skip full_size --test-threads=1 \
+VOXKERNEL_CLONE_FIXTURE="$PWD/tests/fixtures/clone/tiny-base" timeout 150 \
+  /tmp/vkbin/voice_encoder --include-ignored --skip full_size --test-threads=1 \
   --nocapture 2>&1 | tee "$OUT/voice_encoder.log" | grep -vE '^$|^running' | head -60
 
 echo "== GPU codec decoder tests (the kernel module it shares changed)"

@@ -31,8 +31,14 @@ const CLIPS: [&str; 6] = [
     "ref_a.mp3",
 ];
 
+/// The tiny clone fixture; `VOXKERNEL_CLONE_FIXTURE` names it where the binary runs away from
+/// its source tree (the GPU machine).
 fn tiny_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/clone/tiny-base")
+    std::env::var_os("VOXKERNEL_CLONE_FIXTURE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/clone/tiny-base")
+        })
 }
 
 /// False (after saying why) where no CUDA driver is present.

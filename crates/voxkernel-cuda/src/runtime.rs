@@ -13,8 +13,12 @@ use sha2::{Digest, Sha256};
 /// The megakernel source: every kernel the backend launches lives in this one file.
 pub const FRAME_SOURCE: &str = include_str!("../kernels/frame.cu");
 
-/// The streaming codec decoder's kernels (`CudaCodec`), compiled and cached on their own.
-pub const CODEC_SOURCE: &str = include_str!("../kernels/codec.cu");
+/// The streaming codec decoder's kernels (`CudaCodec`) and the voice encoders'
+/// (`CudaVoiceEncoder`, which reuse the decoder's GEMM), compiled and cached as one module.
+pub const CODEC_SOURCE: &str = concat!(
+    include_str!("../kernels/codec.cu"),
+    include_str!("../kernels/encoder.cu")
+);
 
 /// Environment variable naming a prebuilt CUBIN (for example from `nvcc -cubin -arch=sm_90a`)
 /// to load instead of compiling `FRAME_SOURCE`.

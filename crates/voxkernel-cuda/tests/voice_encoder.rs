@@ -41,12 +41,12 @@ fn tiny_dir() -> PathBuf {
         })
 }
 
-/// False (after saying why) where no CUDA driver is present.
-fn have_gpu() -> bool {
-    if !driver_available() {
-        eprintln!("skipped: no CUDA driver (libcuda) on this machine");
-    }
-    driver_available()
+/// These tests are ignored by default; run explicitly, they fail rather than pass without a GPU.
+fn require_gpu() {
+    assert!(
+        driver_available(),
+        "these tests need a CUDA driver (libcuda)"
+    );
 }
 
 fn encoders(dir: &Path) -> (VoiceEncoder, CudaVoiceEncoder) {
@@ -96,9 +96,7 @@ fn official_frames(file: &SafetensorsFile, name: &str) -> Vec<Frame> {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn x_vectors_match_the_cpu_encoder() {
-    if !have_gpu() {
-        return;
-    }
+    require_gpu();
     let dir = tiny_dir();
     let (cpu, gpu) = encoders(&dir);
     for clip in CLIPS {
@@ -126,9 +124,7 @@ fn x_vectors_match_the_cpu_encoder() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn reference_codes_match_the_cpu_encoder() {
-    if !have_gpu() {
-        return;
-    }
+    require_gpu();
     let dir = tiny_dir();
     let (cpu, gpu) = encoders(&dir);
     for clip in CLIPS {
@@ -157,9 +153,7 @@ fn reference_codes_match_the_cpu_encoder() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cloned_voices_agree_through_the_trait() {
-    if !have_gpu() {
-        return;
-    }
+    require_gpu();
     let dir = tiny_dir();
     let (cpu, gpu) = encoders(&dir);
     let encoders: [&dyn CloneEncoder; 2] = [&cpu, &gpu];
@@ -213,13 +207,9 @@ fn median(mut values: Vec<f64>) -> f64 {
 #[test]
 #[ignore = "needs a CUDA GPU and a full-size Base checkpoint (VOXKERNEL_ENCODER_CKPT)"]
 fn full_size_encode_time() {
-    if !have_gpu() {
-        return;
-    }
-    let Some(dir) = std::env::var_os("VOXKERNEL_ENCODER_CKPT") else {
-        eprintln!("skipped: set VOXKERNEL_ENCODER_CKPT to a Base checkpoint directory");
-        return;
-    };
+    require_gpu();
+    let dir = std::env::var_os("VOXKERNEL_ENCODER_CKPT")
+        .expect("set VOXKERNEL_ENCODER_CKPT to a full-size Base checkpoint directory");
     let checkpoint = Checkpoint::open(Path::new(&dir)).expect("checkpoint");
     let started = Instant::now();
     let gpu = CudaVoiceEncoder::from_checkpoint(&checkpoint).expect("CUDA encoder");

@@ -1,10 +1,11 @@
-// voxkernel frame megakernel (version 1: phases separated by grid-wide barriers).
+// voxkernel frame megakernel (version 1.1: phases separated by grid-wide barriers).
 //
 // One cooperative launch advances up to MAX_B sequences by one audio frame:
 //   code predictor (16 single-token passes: past_hidden, CE(c0), then 14 group embeddings),
 //   sub-talker sampling, frame embedding + trailing text row, one talker step, codec head,
 //   codebook-0 sampling. The same kernel in PREFILL mode runs one talker row per launch.
-// Activations stay f32 (global scratch + shared memory); weights are bf16, streamed once.
+// Activations stay f32 (global scratch + shared memory); weights are bf16, streamed once, and
+// asked into L2 a few matvecs ahead of their phase (`WeightStream`).
 // No toolkit headers: NVRTC compiles this file with nothing but its own builtins.
 
 typedef unsigned short bf16_t;
@@ -14,7 +15,7 @@ typedef unsigned long long u64;
 #define MAX_B 4
 #define WARPS 16
 #define THREADS (WARPS * 32)
-#define MAX_HEAD_DIM 256
+#define MAX_HEAD_DIM 128
 #define MODE_FRAME 0
 #define MODE_PREFILL 1
 #define NEG_INF (-__int_as_float(0x7f800000))
@@ -23,6 +24,25 @@ typedef unsigned long long u64;
 // differ from the used ones only under teacher forcing).
 #define CODE_WORDS 36
 #define OWN 18
+// q heads one attention pass over the positions serves (they share each K and V load).
+#define HEADS_PER_PASS 2
+// Per-lane registers holding one head_dim vector.
+#define HEAD_REGS (MAX_HEAD_DIM / 32)
+// Words after the sampling values: the radix histogram (256) and its two state words, padded.
+#define HIST_WORDS 264
+
+// Phase tags of the profile marks (src/layout.rs mirrors them): the phase a barrier closes,
+// or'ed with PH_TALKER for the talker stack.
+#define PH_START 0
+#define PH_INPUT 1
+#define PH_QKV 2
+#define PH_ATTENTION 3
+#define PH_O 4
+#define PH_GATE_UP 5
+#define PH_DOWN 6
+#define PH_HEAD 7
+#define PH_SAMPLE 8
+#define PH_TALKER 16
 
 struct LayerW {
   const bf16_t* in_norm;
@@ -50,6 +70,7 @@ struct Sampler {
   int top_k;
   float temperature;
   float repetition_penalty;
+  float top_p;  // 1 = off
 };
 
 struct Params {
@@ -73,10 +94,13 @@ struct Params {
   float* cp_logits;               // [MAX_B][cp_vocab]
   int* codes;                     // [MAX_B][CODE_WORDS]
   u32* barrier;                   // zeroed by the host before every launch
+  u64* marks;                     // null, or [max_marks][2]: profile marks (clock64, phase tag)
   int vocab, cp_vocab, groups, eos_id, max_trailing;
   int max_hidden, max_qkv, max_q, max_inter;
   int smem_x_floats;              // MAX_B * widest matvec input
   int mode, batch, prefill_row, prefill_last, forced;
+  int max_marks;
+  int prefetch_lead;              // matvecs ahead whose weights are asked into L2; 0 = none
   int slot[MAX_B];
   int pos[MAX_B];
   int step[MAX_B];
@@ -92,7 +116,7 @@ struct Params {
 
 // The host mirrors these structs (src/layout.rs); a size mismatch fails the compile.
 static_assert(sizeof(Stack) == 72, "Stack layout changed: update src/layout.rs");
-static_assert(sizeof(Params) == 880, "Params layout changed: update src/layout.rs");
+static_assert(sizeof(Params) == 928, "Params layout changed: update src/layout.rs");
 
 // ---------------------------------------------------------------------------------------------
 // small helpers
@@ -129,21 +153,33 @@ __device__ __forceinline__ u32 ld_acquire(const u32* p) {
 }
 
 // Monotonic counter barrier: barrier n completes when the counter reaches n * gridDim.x.
-// Co-residency of all blocks is guaranteed by the cooperative launch.
+// Co-residency of all blocks is guaranteed by the cooperative launch. The arrival is a release
+// (it publishes the block's writes, ordered before it by __syncthreads) and the spin an acquire,
+// which is all the ordering the phases need: no full fences.
 struct GridBarrier {
   u32* counter;
   u32 target;
-  __device__ void sync() {
+  u64* marks;  // as Params::marks
+  int max_marks;
+  int n_marks;
+  __device__ void sync(int phase) {
     target += gridDim.x;
     __syncthreads();
     if (threadIdx.x == 0) {
-      __threadfence();
-      atomicAdd(counter, 1u);
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
       while (ld_acquire(counter) < target) {
       }
-      __threadfence();
     }
+    mark(phase);
     __syncthreads();
+  }
+  // Profile: block 0 records when each phase ended (its barrier completed) and which it was.
+  __device__ void mark(int phase) {
+    if (marks && blockIdx.x == 0 && threadIdx.x == 0 && n_marks < max_marks) {
+      marks[2 * n_marks] = (u64)clock64();
+      marks[2 * n_marks + 1] = (u64)phase;
+    }
+    n_marks++;
   }
 };
 
@@ -181,7 +217,9 @@ __device__ void load_rows(const float* src, int src_stride, int n, int nb, float
 }
 
 // Every warp of the grid takes whole output rows: y[b][r] = W[r] . xs[b]. K must be a multiple
-// of 8 (16-byte weight loads). `emit(b, r, value)` is called by lane 0.
+// of 8 (16-byte weight loads). A lane issues the loads of MATVEC_DEPTH chunks before it uses the
+// first; the sum runs over the chunks in order. `emit(b, r, value)` is called by lane 0.
+#define MATVEC_DEPTH 4
 template <typename Emit>
 __device__ void matvec(const bf16_t* W, int rows, int K, const float* xs, int nb, Emit emit) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -192,18 +230,25 @@ __device__ void matvec(const bf16_t* W, int rows, int K, const float* xs, int nb
     float acc[MAX_B];
 #pragma unroll
     for (int b = 0; b < MAX_B; b++) acc[b] = 0.f;
-#pragma unroll 4
-    for (int i = lane; i < k8; i += 32) {
-      const uint4 w = ld_weights(wr + i);
-      const float w0 = bf_lo(w.x), w1 = bf_hi(w.x), w2 = bf_lo(w.y), w3 = bf_hi(w.y);
-      const float w4 = bf_lo(w.z), w5 = bf_hi(w.z), w6 = bf_lo(w.w), w7 = bf_hi(w.w);
+    for (int i0 = lane; i0 < k8; i0 += 32 * MATVEC_DEPTH) {
+      uint4 w[MATVEC_DEPTH];
 #pragma unroll
-      for (int b = 0; b < MAX_B; b++) {
-        if (b < nb) {
-          const float4* xv = reinterpret_cast<const float4*>(xs + b * K + i * 8);
-          const float4 a = xv[0], c = xv[1];
-          acc[b] += w0 * a.x + w1 * a.y + w2 * a.z + w3 * a.w + w4 * c.x + w5 * c.y + w6 * c.z +
-                    w7 * c.w;
+      for (int j = 0; j < MATVEC_DEPTH; j++)
+        if (i0 + 32 * j < k8) w[j] = ld_weights(wr + i0 + 32 * j);
+#pragma unroll
+      for (int j = 0; j < MATVEC_DEPTH; j++) {
+        const int i = i0 + 32 * j;
+        if (i >= k8) continue;
+        const float w0 = bf_lo(w[j].x), w1 = bf_hi(w[j].x), w2 = bf_lo(w[j].y), w3 = bf_hi(w[j].y);
+        const float w4 = bf_lo(w[j].z), w5 = bf_hi(w[j].z), w6 = bf_lo(w[j].w), w7 = bf_hi(w[j].w);
+#pragma unroll
+        for (int b = 0; b < MAX_B; b++) {
+          if (b < nb) {
+            const float4* xv = reinterpret_cast<const float4*>(xs + b * K + i * 8);
+            const float4 a = xv[0], c = xv[1];
+            acc[b] += w0 * a.x + w1 * a.y + w2 * a.z + w3 * a.w + w4 * c.x + w5 * c.y + w6 * c.z +
+                      w7 * c.w;
+          }
         }
       }
     }
@@ -218,19 +263,114 @@ __device__ void matvec(const bf16_t* W, int rows, int K, const float* xs, int nb
 }
 
 // ---------------------------------------------------------------------------------------------
+// weight stream: the matrices a launch's matvecs read, in order, asked into L2 ahead of use
+
+struct Span {
+  const bf16_t* w;
+  size_t bytes;
+};
+
+// which: 0 q|k|v, 1 o_proj, 2 gate|up, 3 down.
+__device__ Span layer_span(const Stack& s, int layer, int which) {
+  const LayerW& lw = s.layers[layer];
+  const size_t H = s.hidden, inter = s.inter;
+  const size_t qw = (size_t)s.n_heads * s.head_dim, kvw = (size_t)s.n_kv * s.head_dim;
+  if (which == 0) return {lw.qkv, 2 * (qw + 2 * kvw) * H};
+  if (which == 1) return {lw.o, 2 * H * qw};
+  if (which == 2) return {lw.gate_up, 2 * 2 * inter * H};
+  return {lw.down, 2 * H * inter};
+}
+
+// The idx-th matrix of the launch's matvec sequence: in FRAME mode each predictor pass (the
+// projection when the checkpoint has one, 4 per layer, the group head from the second pass on),
+// then the talker (4 per layer, the codec head); in PREFILL mode the talker part alone. Indices
+// past the end wrap around to the next launch's first matrices.
+__device__ Span stream_span(const Params& p, int idx) {
+  const int proj = p.proj_w ? 1 : 0;
+  const int cp_first = proj + 4 * p.cp.n_layers;
+  const int cp_pass = cp_first + 1;
+  const int cp_total = p.mode == MODE_FRAME ? cp_first + (p.groups - 1) * cp_pass : 0;
+  idx %= cp_total + 4 * p.talker.n_layers + 1;
+  if (idx < cp_total) {
+    int step = 0, local = idx;
+    if (idx >= cp_first) {
+      step = 1 + (idx - cp_first) / cp_pass;
+      local = (idx - cp_first) % cp_pass;
+    }
+    if (local < proj) return {p.proj_w, 2 * (size_t)p.cp.hidden * p.talker.hidden};
+    local -= proj;
+    if (local < 4 * p.cp.n_layers) return layer_span(p.cp, local / 4, local % 4);
+    const size_t head = (size_t)p.cp_vocab * p.cp.hidden;
+    return {p.cp_heads + (size_t)(step - 1) * head, 2 * head};
+  }
+  idx -= cp_total;
+  if (idx < 4 * p.talker.n_layers) return layer_span(p.talker, idx / 4, idx % 4);
+  return {p.codec_head, 2 * (size_t)p.vocab * p.talker.hidden};
+}
+
+// Asks L2 to fetch a matrix from device memory; the grid's warps split it evenly. Nothing waits
+// for it: the stream runs under the barriers and matvecs in front of it.
+__device__ void prefetch_l2(Span s) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const size_t parts = (size_t)gridDim.x * WARPS;
+  const size_t piece = ((s.bytes + parts - 1) / parts + 127) & ~(size_t)127;
+  const size_t begin = ((size_t)blockIdx.x * WARPS + warp) * piece;
+  if (begin >= s.bytes) return;
+  const size_t len = s.bytes - begin < piece ? s.bytes - begin : piece;
+  const char* at = reinterpret_cast<const char*>(s.w) + begin;
+#if __CUDA_ARCH__ >= 900
+  // one bulk request (the copy engine splits it); sizes are multiples of 16 bytes
+  if (lane == 0)
+    asm volatile(
+        "{\n .reg .u64 g;\n cvta.to.global.u64 g, %0;\n"
+        " cp.async.bulk.prefetch.L2.global [g], %1;\n}" ::"l"(at),
+        "r"((u32)len)
+        : "memory");
+#else
+  for (size_t o = (size_t)lane * 128; o < len; o += 32 * 128)
+    asm volatile("prefetch.L2 [%0];" ::"l"(at + o) : "memory");
+#endif
+}
+
+// Every block runs the same matvecs in the same order, so each can count them and ask for the
+// matrix `lead` matvecs ahead of the one it starts: its bytes then arrive during the phases and
+// barriers in between instead of after the next barrier.
+struct WeightStream {
+  int next;  // index of the next matvec in stream_span order
+  int lead;
+  __device__ void start(const Params& p) {
+    for (int k = 0; k < lead; k++) prefetch_l2(stream_span(p, k));
+  }
+  __device__ void advance(const Params& p) {
+    if (lead > 0) prefetch_l2(stream_span(p, next + lead));
+    next++;
+  }
+};
+
+// What every phase function needs to synchronise with the rest of the grid.
+struct Launch {
+  GridBarrier bar;
+  WeightStream weights;
+};
+
+// ---------------------------------------------------------------------------------------------
 // transformer layer pieces
 
-// Per (sequence, kv head): q/k RMSNorm, RoPE, KV append, attention over positions 0..pos.
+// Per (sequence, kv head): q/k RMSNorm, RoPE, KV append, then the group's q heads attend over
+// positions 0..pos. Each warp takes every WARPS-th position for HEADS_PER_PASS q heads at once
+// (one K and V load serves them all) and loads the next position's K and V before computing on
+// the current one, so the loads of a warp's positions overlap instead of chaining. The warps'
+// partial softmax states are merged in a fixed order.
 __device__ void attention(const Params& p, const Stack& s, int layer, int nb, const int* cache_idx,
                           const int* pos_of, float* work) {
   const int hd = s.head_dim, half = hd / 2, gs = s.n_heads / s.n_kv;
   const int q_width = s.n_heads * hd, kv_width = s.n_kv * hd;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const float scale = rsqrtf((float)hd);
-  float* vec = work;                          // [gs + 1][hd]: k, then the group's q heads
-  float* wm = vec + (gs + 1) * hd;            // [WARPS]
-  float* wl = wm + WARPS;                     // [WARPS]
-  float* wacc = wl + WARPS;                   // [WARPS][hd]
+  float* vec = work;                             // [gs + 1][hd]: k, then the group's q heads
+  float* wm = vec + (gs + 1) * hd;               // [HEADS_PER_PASS][WARPS]
+  float* wl = wm + HEADS_PER_PASS * WARPS;       // [HEADS_PER_PASS][WARPS]
+  float* wacc = wl + HEADS_PER_PASS * WARPS;     // [HEADS_PER_PASS][WARPS][hd]
   for (int task = blockIdx.x; task < nb * s.n_kv; task += gridDim.x) {
     const int b = task / s.n_kv, g = task % s.n_kv;
     const int pos = pos_of[b];
@@ -240,6 +380,13 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
     float* vc = s.v_cache + head_base * hd;
     const LayerW& lw = s.layers[layer];
     if (warp <= gs) {
+      // the rotary angles' loads go out with the row's, not after it
+      float angle[HEAD_REGS / 2];
+#pragma unroll
+      for (int j = 0; j < HEAD_REGS / 2; j++) {
+        const int i = lane + 32 * j;
+        angle[j] = i < half ? (float)pos * s.inv_freq[i] : 0.f;
+      }
       const float* src = warp == 0 ? qkv + q_width + g * hd : qkv + (g * gs + warp - 1) * hd;
       const bf16_t* nw = warp == 0 ? lw.k_norm : lw.q_norm;
       float ss = 0.f;
@@ -249,14 +396,17 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
       float* v = vec + warp * hd;
       for (int i = lane; i < hd; i += 32) v[i] = bf2f(nw[i]) * (src[i] * r);
       __syncwarp();
-      for (int i = lane; i < half; i += 32) {
-        const float f = (float)pos * s.inv_freq[i];
-        float sn, cs;
-        sincosf(f, &sn, &cs);
-        const float a = v[i], c = v[i + half];
-        const float lo = a * cs - c * sn, hi = c * cs + a * sn;
-        v[i] = lo;
-        v[i + half] = hi;
+#pragma unroll
+      for (int j = 0; j < HEAD_REGS / 2; j++) {
+        const int i = lane + 32 * j;
+        if (i < half) {
+          float sn, cs;
+          sincosf(angle[j], &sn, &cs);
+          const float a = v[i], c = v[i + half];
+          const float lo = a * cs - c * sn, hi = c * cs + a * sn;
+          v[i] = lo;
+          v[i + half] = hi;
+        }
       }
       __syncwarp();
       if (warp == 0) {
@@ -268,87 +418,126 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
       }
     }
     __syncthreads();
-    for (int qi = 0; qi < gs; qi++) {
-      const float* q = vec + (qi + 1) * hd;
-      float m = NEG_INF, l = 0.f;
-      float acc[MAX_HEAD_DIM / 32];
+    for (int q0 = 0; q0 < gs; q0 += HEADS_PER_PASS) {
+      const int nq = gs - q0 < HEADS_PER_PASS ? gs - q0 : HEADS_PER_PASS;
+      float m[HEADS_PER_PASS], l[HEADS_PER_PASS], acc[HEADS_PER_PASS][HEAD_REGS];
 #pragma unroll
-      for (int j = 0; j < MAX_HEAD_DIM / 32; j++) acc[j] = 0.f;
-      for (int t = warp; t <= pos; t += WARPS) {
-        const float* kt = kc + (size_t)t * hd;
-        float d = 0.f;
-        for (int i = lane; i < hd; i += 32) d += q[i] * kt[i];
-        const float sc = warp_sum(d) * scale;
-        const float m_new = fmaxf(m, sc);
-        const float corr = expf(m - m_new), pw = expf(sc - m_new);
-        l = l * corr + pw;
-        const float* vt = vc + (size_t)t * hd;
+      for (int qi = 0; qi < HEADS_PER_PASS; qi++) {
+        m[qi] = NEG_INF;
+        l[qi] = 0.f;
 #pragma unroll
-        for (int j = 0; j < MAX_HEAD_DIM / 32; j++) {
+        for (int j = 0; j < HEAD_REGS; j++) acc[qi][j] = 0.f;
+      }
+      float k_next[HEAD_REGS], v_next[HEAD_REGS];
+      auto load_kv = [&](int t) {
+#pragma unroll
+        for (int j = 0; j < HEAD_REGS; j++) {
           const int i = lane + 32 * j;
-          if (i < hd) acc[j] = acc[j] * corr + pw * vt[i];
+          if (i < hd) {
+            k_next[j] = kc[(size_t)t * hd + i];
+            v_next[j] = vc[(size_t)t * hd + i];
+          }
         }
-        m = m_new;
-      }
-      if (lane == 0) {
-        wm[warp] = m;
-        wl[warp] = l;
+      };
+      if (warp <= pos) load_kv(warp);
+      for (int t = warp; t <= pos; t += WARPS) {
+        float kt[HEAD_REGS], vt[HEAD_REGS];
+#pragma unroll
+        for (int j = 0; j < HEAD_REGS; j++) {
+          kt[j] = k_next[j];
+          vt[j] = v_next[j];
+        }
+        if (t + WARPS <= pos) load_kv(t + WARPS);
+#pragma unroll
+        for (int qi = 0; qi < HEADS_PER_PASS; qi++) {
+          if (qi >= nq) continue;
+          const float* q = vec + (q0 + qi + 1) * hd;
+          float d = 0.f;
+#pragma unroll
+          for (int j = 0; j < HEAD_REGS; j++)
+            if (lane + 32 * j < hd) d += q[lane + 32 * j] * kt[j];
+          const float sc = warp_sum(d) * scale;
+          const float m_new = fmaxf(m[qi], sc);
+          const float corr = expf(m[qi] - m_new), pw = expf(sc - m_new);
+          l[qi] = l[qi] * corr + pw;
+#pragma unroll
+          for (int j = 0; j < HEAD_REGS; j++)
+            if (lane + 32 * j < hd) acc[qi][j] = acc[qi][j] * corr + pw * vt[j];
+          m[qi] = m_new;
+        }
       }
 #pragma unroll
-      for (int j = 0; j < MAX_HEAD_DIM / 32; j++) {
-        const int i = lane + 32 * j;
-        if (i < hd) wacc[warp * hd + i] = acc[j];
+      for (int qi = 0; qi < HEADS_PER_PASS; qi++) {
+        if (qi >= nq) continue;
+        if (lane == 0) {
+          wm[qi * WARPS + warp] = m[qi];
+          wl[qi * WARPS + warp] = l[qi];
+        }
+#pragma unroll
+        for (int j = 0; j < HEAD_REGS; j++) {
+          const int i = lane + 32 * j;
+          if (i < hd) wacc[(qi * WARPS + warp) * hd + i] = acc[qi][j];
+        }
       }
       __syncthreads();
-      float big = NEG_INF;
-      for (int w = 0; w < WARPS; w++) big = fmaxf(big, wm[w]);
-      float denom = 0.f;
-      for (int w = 0; w < WARPS; w++)
-        if (wl[w] > 0.f) denom += wl[w] * expf(wm[w] - big);
-      for (int i = threadIdx.x; i < hd; i += THREADS) {
+      for (int e = threadIdx.x; e < nq * hd; e += THREADS) {
+        const int qi = e / hd, i = e % hd;
+        const float* qm = wm + qi * WARPS;
+        const float* ql = wl + qi * WARPS;
+        float big = NEG_INF;
+        for (int w = 0; w < WARPS; w++) big = fmaxf(big, qm[w]);
+        float denom = 0.f;
+        for (int w = 0; w < WARPS; w++)
+          if (ql[w] > 0.f) denom += ql[w] * expf(qm[w] - big);
         float num = 0.f;
         for (int w = 0; w < WARPS; w++)
-          if (wl[w] > 0.f) num += wacc[w * hd + i] * expf(wm[w] - big);
-        p.attn[(size_t)b * p.max_q + (g * gs + qi) * hd + i] = num / denom;
+          if (ql[w] > 0.f) num += wacc[(qi * WARPS + w) * hd + i] * expf(qm[w] - big);
+        p.attn[(size_t)b * p.max_q + (g * gs + q0 + qi) * hd + i] = num / denom;
       }
       __syncthreads();
     }
   }
 }
 
-// One decoder layer for nb single-token rows held in `x` (global, stride max_hidden).
-__device__ void layer_step(const Params& p, const Stack& s, int layer, int nb, const int* cache_idx,
-                           const int* pos_of, float* xs, float* red, float* work, GridBarrier& bar) {
+// One decoder layer for nb single-token rows held in `x` (global, stride max_hidden). `stack`
+// is 0 for the code predictor, PH_TALKER for the talker (profile tags).
+__device__ void layer_step(const Params& p, const Stack& s, int stack, int layer, int nb,
+                           const int* cache_idx, const int* pos_of, float* xs, float* red,
+                           float* work, Launch& L) {
   const LayerW& lw = s.layers[layer];
   const int H = s.hidden, qw = s.n_heads * s.head_dim, kvw = s.n_kv * s.head_dim;
   float* x = p.x;
   rmsnorm_rows(x, p.max_hidden, H, lw.in_norm, s.eps, nb, xs, red);
   float* qkv = p.qkv;
   const int max_qkv = p.max_qkv;
+  L.weights.advance(p);
   matvec(lw.qkv, qw + 2 * kvw, H, xs, nb,
          [&](int b, int r, float v) { qkv[(size_t)b * max_qkv + r] = v; });
-  bar.sync();
+  L.bar.sync(stack | PH_QKV);
   attention(p, s, layer, nb, cache_idx, pos_of, work);
-  bar.sync();
+  L.bar.sync(stack | PH_ATTENTION);
   load_rows(p.attn, p.max_q, qw, nb, xs);
   const int max_hidden = p.max_hidden;
+  L.weights.advance(p);
   matvec(lw.o, H, qw, xs, nb, [&](int b, int r, float v) { x[(size_t)b * max_hidden + r] += v; });
-  bar.sync();
+  L.bar.sync(stack | PH_O);
   rmsnorm_rows(x, p.max_hidden, H, lw.post_norm, s.eps, nb, xs, red);
   float* gu = p.gate_up;
   const int gu_stride = 2 * p.max_inter;
+  L.weights.advance(p);
   matvec(lw.gate_up, 2 * s.inter, H, xs, nb,
          [&](int b, int r, float v) { gu[(size_t)b * gu_stride + r] = v; });
-  bar.sync();
+  L.bar.sync(stack | PH_GATE_UP);
   for (int b = 0; b < nb; b++)
     for (int i = threadIdx.x; i < s.inter; i += THREADS) {
       const float gt = gu[(size_t)b * gu_stride + i], up = gu[(size_t)b * gu_stride + s.inter + i];
       xs[b * s.inter + i] = gt / (1.f + expf(-gt)) * up;
     }
   __syncthreads();
+  L.weights.advance(p);
   matvec(lw.down, H, s.inter, xs, nb,
          [&](int b, int r, float v) { x[(size_t)b * max_hidden + r] += v; });
-  bar.sync();
+  L.bar.sync(stack | PH_DOWN);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -410,49 +599,142 @@ __device__ int block_argmax(const float* v, int n, float* redf, int* redi) {
   return bi == 0x7fffffff ? 0 : bi;
 }
 
-// The k-th largest value's ordered key (radix select, 8 bits per round).
-__device__ u32 kth_largest_key(const float* v, int n, int k, u32* hist, u32* shared_state) {
+// The k-th largest value's ordered key (radix select, 8 bits per round). Logits mostly share
+// their high bits, so one shared-memory atomic per element would serialise on a single bin:
+// the lanes of a warp that fall in the same bin add once, with their count. Warp 0 then finds
+// the digit holding the k-th key with a scan over the histogram from the highest digit down.
+// `state` holds 2 words.
+__device__ u32 kth_largest_key(const float* v, int n, int k, u32* hist, u32* state) {
+  const int lane = threadIdx.x & 31;
   u32 prefix = 0, mask = 0;
   int remaining = k;
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int i = threadIdx.x; i < 256; i += THREADS) hist[i] = 0;
     __syncthreads();
-    for (int i = threadIdx.x; i < n; i += THREADS) {
-      const u32 key = ordered_key(v[i]);
-      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      u32 cum = 0;
-      int digit = 0;
-      for (int d = 255; d >= 0; d--) {
-        if (cum + hist[d] >= (u32)remaining) {
-          digit = d;
-          break;
-        }
-        cum += hist[d];
+    for (int base = threadIdx.x - lane; base < n; base += THREADS) {
+      const int i = base + lane;
+      u32 bin = 256;  // not counted this round
+      if (i < n) {
+        const u32 key = ordered_key(v[i]);
+        if ((key & mask) == prefix) bin = (key >> shift) & 255u;
       }
-      shared_state[0] = (u32)digit;
-      shared_state[1] = (u32)(remaining - (int)cum);
+      const u32 same = __match_any_sync(0xffffffffu, bin);
+      if (bin < 256 && lane == __ffs(same) - 1) atomicAdd(&hist[bin], (u32)__popc(same));
     }
     __syncthreads();
-    prefix |= shared_state[0] << shift;
-    mask |= 255u << shift;
-    remaining = (int)shared_state[1];
+    if (threadIdx.x < 32) {
+      // lane l owns the 8 digits from 255 - 8l down; lane 0 the highest
+      const int top = 255 - 8 * lane;
+      u32 own = 0;
+#pragma unroll
+      for (int d = 0; d < 8; d++) own += hist[top - d];
+      u32 incl = own;  // keys in the digits of lanes 0..lane
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const u32 up = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += up;
+      }
+      const u32 above = incl - own;
+      if (above < (u32)remaining && incl >= (u32)remaining) {
+        u32 cum = above;
+        int digit = top - 7;
+        for (int d = 0; d < 8; d++) {
+          if (cum + hist[top - d] >= (u32)remaining) {
+            digit = top - d;
+            break;
+          }
+          cum += hist[top - d];
+        }
+        state[0] = (u32)digit;
+        state[1] = (u32)(remaining - (int)cum);
+      }
+    }
     __syncthreads();
+    prefix |= state[0] << shift;
+    mask |= 255u << shift;
+    remaining = (int)state[1];
+    // the next round's histogram writes come after a barrier every thread passes after this read
   }
   return prefix;
 }
 
-// Temperature, top-k, then a categorical draw (Gumbel-max over the kept logits), or argmax.
-// `v` holds the processed logits in shared memory and is overwritten.
+// HF TopPLogitsWarper, computed as the CPU reference computes it (voxkernel-core sampling.rs
+// `top_p_filter`): the candidates (finite, ordered key >= the top-k threshold) sorted by value,
+// ties by index, ascending; their softmax in f32, exp(value - max) summed in that order; then a
+// running sum of the probabilities in that order, and a candidate goes while the sum up to it is
+// <= 1 - top_p, except the last (most likely) one. Both sums run on one thread, in the
+// reference's order, so the f32 results are the reference's. exp is evaluated in double and
+// rounded to f32 (what glibc's expf, which the reference calls, rounds to, bar rare last-bit
+// cases). `scratch` holds 2n words; `counts` WARPS words.
+__device__ void top_p_filter(float* v, int n, u32 threshold, float top_p, u32* counts,
+                             float* scratch) {
+  int* cand = reinterpret_cast<int*>(scratch);        // [n] candidates in index order
+  int* sorted = reinterpret_cast<int*>(scratch + n);  // [n] candidate of each rank
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  auto kept = [&](int i) { return v[i] != NEG_INF && ordered_key(v[i]) >= threshold; };
+  // compaction in index order: each thread owns a contiguous range of indices
+  const int per = (n + THREADS - 1) / THREADS;
+  const int lo = min(n, (int)threadIdx.x * per), hi = min(n, lo + per);
+  int cnt = 0;
+  for (int i = lo; i < hi; i++) cnt += kept(i);
+  int incl = cnt;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int up = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += up;
+  }
+  if (lane == 31) counts[warp] = (u32)incl;
+  __syncthreads();
+  int at = incl - cnt, total = 0;
+  for (int w = 0; w < WARPS; w++) {
+    if (w < warp) at += (int)counts[w];
+    total += (int)counts[w];
+  }
+  if (total == 0) return;  // nothing to keep (the same for every thread)
+  for (int i = lo; i < hi; i++)
+    if (kept(i)) cand[at++] = i;
+  __syncthreads();
+  for (int j = threadIdx.x; j < total; j += THREADS) {
+    const int ij = cand[j];
+    const u32 kj = ordered_key(v[ij]);
+    int rank = 0;
+    for (int q = 0; q < total; q++) {
+      const u32 kq = ordered_key(v[cand[q]]);
+      rank += kq < kj || (kq == kj && cand[q] < ij);
+    }
+    sorted[rank] = ij;
+  }
+  __syncthreads();
+  float* e = scratch;  // over `cand`, read for the last time above
+  const float top = v[sorted[total - 1]];
+  for (int r = threadIdx.x; r < total; r += THREADS)
+    e[r] = (float)exp((double)(v[sorted[r]] - top));
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float sum = 0.f;
+    for (int r = 0; r < total; r++) sum += e[r];
+    const float limit = 1.f - top_p;
+    float cumulative = 0.f;
+    for (int r = 0; r + 1 < total; r++) {
+      cumulative += e[r] / sum;
+      if (cumulative <= limit) v[sorted[r]] = NEG_INF;
+    }
+  }
+  __syncthreads();
+}
+
+// Temperature, top-k, top-p, then a categorical draw (Gumbel-max over the kept logits), or
+// argmax. `v` holds the processed logits in shared memory and is overwritten; `hist` has
+// HIST_WORDS words and `scratch` 2n (top-p only).
 __device__ int sample_logits(float* v, int n, const Sampler& sp, u32 seed_lo, u32 seed_hi,
-                             u32 stream_a, u32 stream_b, float* redf, int* redi, u32* hist) {
+                             u32 stream_a, u32 stream_b, float* redf, int* redi, u32* hist,
+                             float* scratch) {
   if (!sp.do_sample) return block_argmax(v, n, redf, redi);
   for (int i = threadIdx.x; i < n; i += THREADS) v[i] = v[i] / sp.temperature;
   __syncthreads();
   u32 threshold = 0;
   if (sp.top_k > 0 && sp.top_k < n) threshold = kth_largest_key(v, n, sp.top_k, hist, hist + 256);
+  if (sp.top_p < 1.f) top_p_filter(v, n, threshold, sp.top_p, hist, scratch);
   for (int i = threadIdx.x; i < n; i += THREADS) {
     const float x = v[i];
     if (ordered_key(x) < threshold || x == NEG_INF) {
@@ -488,7 +770,7 @@ __device__ int sample_talker(const Params& p, int b, float* work, float* redf, i
   }
   __syncthreads();
   return sample_logits(v, V, sp, p.seed_lo[b], p.seed_hi[b], (u32)p.n_sampled[b], 0u, redf, redi,
-                       hist);
+                       hist, work + V + HIST_WORDS);
 }
 
 __device__ int sample_sub(const Params& p, int b, int group, float* work, float* redf, int* redi) {
@@ -498,13 +780,13 @@ __device__ int sample_sub(const Params& p, int b, int group, float* work, float*
   for (int i = threadIdx.x; i < V; i += THREADS) v[i] = p.cp_logits[(size_t)b * V + i];
   __syncthreads();
   return sample_logits(v, V, p.sub_sampler[b], p.seed_lo[b], p.seed_hi[b], (u32)p.n_sampled[b],
-                       (u32)group, redf, redi, hist);
+                       (u32)group, redf, redi, hist, work + V + HIST_WORDS);
 }
 
 // The code predictor's input row for every sequence: small_to_mtp_projection(src) when the
 // checkpoint has one, else src itself. `src(b, i)` gives element i of sequence b's talker-width row.
 template <typename Src>
-__device__ void cp_input(const Params& p, int nb, Src src, float* xs, GridBarrier& bar) {
+__device__ void cp_input(const Params& p, int nb, Src src, float* xs, Launch& L) {
   const int H = p.talker.hidden, max_hidden = p.max_hidden;
   float* x = p.x;
   if (p.proj_w) {
@@ -512,13 +794,14 @@ __device__ void cp_input(const Params& p, int nb, Src src, float* xs, GridBarrie
       for (int i = threadIdx.x; i < H; i += THREADS) xs[b * H + i] = src(b, i);
     __syncthreads();
     const bf16_t* bias = p.proj_b;
+    L.weights.advance(p);
     matvec(p.proj_w, p.cp.hidden, H, xs, nb,
            [&](int b, int r, float v) { x[(size_t)b * max_hidden + r] = v + bf2f(bias[r]); });
   } else if (blockIdx.x == 0) {
     for (int b = 0; b < nb; b++)
       for (int i = threadIdx.x; i < H; i += THREADS) x[(size_t)b * max_hidden + i] = src(b, i);
   }
-  bar.sync();
+  L.bar.sync(PH_INPUT);
 }
 
 __device__ __forceinline__ const bf16_t* cp_embedding_row(const Params& p, int table, int code) {
@@ -528,8 +811,9 @@ __device__ __forceinline__ const bf16_t* cp_embedding_row(const Params& p, int t
 
 // Final RMSNorm of every row of x into xs, then a head matvec into `out` (row stride `vocab`).
 __device__ void norm_and_head(const Params& p, const Stack& s, const bf16_t* head, int vocab,
-                              float* out_of_b[MAX_B], int nb, float* xs, float* red) {
+                              float* out_of_b[MAX_B], int nb, float* xs, float* red, Launch& L) {
   rmsnorm_rows(p.x, p.max_hidden, s.hidden, s.final_norm, s.eps, nb, xs, red);
+  L.weights.advance(p);
   matvec(head, vocab, s.hidden, xs, nb, [&](int b, int r, float v) { out_of_b[b][r] = v; });
 }
 
@@ -549,7 +833,7 @@ __device__ void frame_embedding(const Params& p, int b) {
 }
 
 __device__ void code_predictor(const Params& p, int nb, float* xs, float* red, int* redi,
-                               float* work, GridBarrier& bar) {
+                               float* work, Launch& L) {
   const Stack& s = p.cp;
   const int H = p.talker.hidden;
   int cache_idx[MAX_B], pos_of[MAX_B];
@@ -562,24 +846,24 @@ __device__ void code_predictor(const Params& p, int nb, float* xs, float* red, i
     for (int b = 0; b < MAX_B; b++) pos_of[b] = step;
     if (step == 0) {
       cp_input(p, nb, [&](int b, int i) { return p.past_hidden[(size_t)p.slot[b] * H + i]; }, xs,
-               bar);
+               L);
     } else if (step == 1) {
       cp_input(p, nb,
                [&](int b, int i) { return bf2f(p.codec_embedding[(size_t)p.c0[b] * H + i]); }, xs,
-               bar);
+               L);
     } else if (p.proj_w) {
       cp_input(p, nb,
                [&](int b, int i) {
                  return bf2f(cp_embedding_row(p, step - 2, p.codes[b * CODE_WORDS + step - 1])[i]);
                },
-               xs, bar);
+               xs, L);
     }
     for (int layer = 0; layer < s.n_layers; layer++)
-      layer_step(p, s, layer, nb, cache_idx, pos_of, xs, red, work, bar);
+      layer_step(p, s, 0, layer, nb, cache_idx, pos_of, xs, red, work, L);
     if (step == 0) continue;
     norm_and_head(p, s, p.cp_heads + (size_t)(step - 1) * p.cp_vocab * s.hidden, p.cp_vocab,
-                  logits_of, nb, xs, red);
-    bar.sync();
+                  logits_of, nb, xs, red, L);
+    L.bar.sync(PH_HEAD);
     for (int b = blockIdx.x; b < nb; b += gridDim.x) {
       const int own = sample_sub(p, b, step, work, red, redi);
       const int code = p.forced ? p.forced_codes[b][step] : own;
@@ -599,7 +883,7 @@ __device__ void code_predictor(const Params& p, int nb, float* xs, float* red, i
       }
       __syncthreads();
     }
-    bar.sync();
+    L.bar.sync(PH_SAMPLE);
   }
 }
 
@@ -609,7 +893,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) frame_kernel(const Para
   float* red = xs + p.smem_x_floats;
   int* redi = reinterpret_cast<int*>(red + 32);
   float* work = red + 64;
-  GridBarrier bar{p.barrier, 0u};
+  Launch L{GridBarrier{p.barrier, 0u, p.marks, p.max_marks, 0}, WeightStream{0, p.prefetch_lead}};
+  L.bar.mark(PH_START);
+  L.weights.start(p);
   const int nb = p.batch;
   const int H = p.talker.hidden;
 
@@ -620,27 +906,27 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) frame_kernel(const Para
         p.seen[(size_t)p.slot[b] * p.vocab + p.c0[b]] = 1;
       }
     }
-    code_predictor(p, nb, xs, red, redi, work, bar);
+    code_predictor(p, nb, xs, red, redi, work, L);
   } else {
     if (blockIdx.x == 0)
       for (int i = threadIdx.x; i < H; i += THREADS)
         p.x[i] = p.prefill_rows[(size_t)p.prefill_row * H + i];
-    bar.sync();
+    L.bar.sync(PH_TALKER | PH_INPUT);
   }
 
   for (int layer = 0; layer < p.talker.n_layers; layer++)
-    layer_step(p, p.talker, layer, nb, p.slot, p.pos, xs, red, work, bar);
+    layer_step(p, p.talker, PH_TALKER, layer, nb, p.slot, p.pos, xs, red, work, L);
 
   if (p.mode == MODE_PREFILL && !p.prefill_last) return;
   float* logits_of[MAX_B];
   for (int b = 0; b < MAX_B; b++)
     logits_of[b] = p.talker_logits + (size_t)(b < nb ? p.slot[b] : 0) * p.vocab;
-  norm_and_head(p, p.talker, p.codec_head, p.vocab, logits_of, nb, xs, red);
+  norm_and_head(p, p.talker, p.codec_head, p.vocab, logits_of, nb, xs, red, L);
   if (blockIdx.x == 0)
     for (int b = 0; b < nb; b++)
       for (int i = threadIdx.x; i < H; i += THREADS)
         p.past_hidden[(size_t)p.slot[b] * H + i] = xs[b * H + i];
-  bar.sync();
+  L.bar.sync(PH_TALKER | PH_HEAD);
   for (int b = blockIdx.x; b < nb; b += gridDim.x) {
     const int own = sample_talker(p, b, work, red, redi);
     const int c0 = p.forced ? p.forced_codes[b][16] : own;
@@ -650,6 +936,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) frame_kernel(const Para
       p.codes[b * CODE_WORDS + 17] = c0 == p.eos_id;
     }
   }
+  L.bar.mark(PH_TALKER | PH_SAMPLE);
 }
 
 // ---------------------------------------------------------------------------------------------

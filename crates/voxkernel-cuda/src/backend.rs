@@ -16,8 +16,9 @@ use voxkernel_core::prompt::{CodecSource, PromptPlan};
 use voxkernel_core::sampling::{SamplerParams, SamplingConfig};
 
 use crate::layout::{
-    BLOCK_THREADS, CODE_WORDS, CODEC_ID, CODEC_NONE, CODEC_REFERENCE, CODEC_SPEAKER, EmbedParams,
-    FrameParams, MAX_BATCH, MODE_FRAME, MODE_PREFILL, OWN_CODES, Sampler, Stack,
+    BLOCK_THREADS, BLOCK_WARPS, CODE_WORDS, CODEC_ID, CODEC_NONE, CODEC_REFERENCE, CODEC_SPEAKER,
+    EmbedParams, FrameParams, HEADS_PER_PASS, HIST_WORDS, MAX_BATCH, MODE_FRAME, MODE_PREFILL,
+    OWN_CODES, Sampler, Stack,
 };
 use crate::runtime;
 use crate::weights::{DeviceWeights, Geometry, StackGeometry};
@@ -29,6 +30,9 @@ pub struct CudaOptions {
     pub max_slots: usize,
     /// Talker positions per sequence: prefill rows + frames. Also bounds the trailing text rows.
     pub max_len: usize,
+    /// How many matvecs ahead the kernel asks L2 for the weights of (0 = never), so that they
+    /// stream from memory during the barriers and phases before their own.
+    pub prefetch_lead: usize,
 }
 
 impl Default for CudaOptions {
@@ -36,8 +40,17 @@ impl Default for CudaOptions {
         Self {
             max_slots: 4,
             max_len: 2048,
+            prefetch_lead: 2,
         }
     }
+}
+
+/// One profile mark: block 0's SM clock when a phase of the launch ended, and which phase it
+/// was (`layout::PHASE_NAMES` index, plus `layout::PHASE_TALKER` for the talker stack).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PhaseMark {
+    pub phase: u64,
+    pub clock: u64,
 }
 
 /// What one teacher-forced frame produced.
@@ -86,6 +99,7 @@ struct Buffers {
     cp_logits: CudaSlice<f32>,
     codes: CudaSlice<i32>,
     barrier: CudaSlice<u32>,
+    marks: CudaSlice<u64>,
     embed_rows: CudaSlice<i32>,
     speaker: CudaSlice<f32>,
     ref_codes: CudaSlice<i32>,
@@ -115,6 +129,8 @@ pub struct CudaBackend {
     embed_base: EmbedParams,
     grid: u32,
     frame_smem: u32,
+    /// Record phase marks (`FrameParams::marks`) in every launch.
+    profile: bool,
     embed_smem: u32,
     codes_host: PinnedHostSlice<i32>,
     slots: Vec<Option<SlotState>>,
@@ -154,9 +170,14 @@ fn stack_params(
 }
 
 fn attention_work_floats(s: &StackGeometry) -> usize {
-    let warps = (BLOCK_THREADS / 32) as usize;
     let group = s.n_heads / s.n_kv;
-    (group + 1) * s.head_dim + 2 * warps + warps * s.head_dim
+    let partials = HEADS_PER_PASS * BLOCK_WARPS;
+    (group + 1) * s.head_dim + 2 * partials + partials * s.head_dim
+}
+
+/// Sampling scratch: the logits, the radix histogram, and top-p's two index arrays.
+fn sampling_work_floats(vocab: usize) -> usize {
+    3 * vocab + HIST_WORDS
 }
 
 fn sampler(p: &SamplerParams, what: &str) -> Result<Sampler> {
@@ -167,8 +188,8 @@ fn sampler(p: &SamplerParams, what: &str) -> Result<Sampler> {
             p.temperature
         );
         ensure!(
-            p.top_p >= 1.0,
-            "{what}.top_p = {}: the CUDA backend supports only top_p = 1.0 (off) for now",
+            p.top_p > 0.0 && p.top_p <= 1.0,
+            "{what}.top_p = {}: must be in (0, 1]",
             p.top_p
         );
     }
@@ -177,6 +198,7 @@ fn sampler(p: &SamplerParams, what: &str) -> Result<Sampler> {
         top_k: p.top_k.min(i32::MAX as usize) as i32,
         temperature: p.temperature,
         repetition_penalty: p.repetition_penalty,
+        top_p: p.top_p,
     })
 }
 
@@ -184,6 +206,11 @@ impl CudaBackend {
     pub fn new(checkpoint: &Checkpoint, options: CudaOptions) -> Result<Self> {
         ensure!(options.max_slots > 0, "max_slots must be at least 1");
         ensure!(options.max_len > 1, "max_len must be at least 2");
+        ensure!(
+            options.prefetch_lead <= 64,
+            "prefetch_lead = {}: at most 64 matvecs ahead",
+            options.prefetch_lead
+        );
         let geometry = Geometry::from_checkpoint(checkpoint)?;
         let ctx = runtime::open_device()?;
         let stream = ctx.default_stream();
@@ -199,6 +226,8 @@ impl CudaBackend {
         let max_qkv = t.qkv_width().max(c.qkv_width());
         let max_q = t.q_width().max(c.q_width());
         let max_inter = t.inter.max(c.inter);
+        // start + per predictor pass (input, 5 per layer, head, sampling) + the talker's
+        let max_marks = 1 + g * (3 + 5 * c.layers) + 5 * t.layers + 3;
         let bufs = Buffers {
             talker_k: zeros(
                 &stream,
@@ -232,6 +261,7 @@ impl CudaBackend {
             cp_logits: zeros(&stream, MAX_BATCH * geometry.cp_vocab, "predictor logits")?,
             codes: zeros(&stream, MAX_BATCH * CODE_WORDS, "codes")?,
             barrier: zeros(&stream, 1, "grid barrier")?,
+            marks: zeros(&stream, 2 * max_marks, "profile marks")?,
             embed_rows: zeros(&stream, 3 * max_len, "prompt row descriptors")?,
             speaker: zeros(&stream, t.hidden, "speaker vector")?,
             ref_codes: zeros(&stream, max_len * g, "reference codes")?,
@@ -252,8 +282,8 @@ impl CudaBackend {
         let work = [
             attention_work_floats(t),
             attention_work_floats(c),
-            geometry.vocab + 258,
-            geometry.cp_vocab + 258,
+            sampling_work_floats(geometry.vocab),
+            sampling_work_floats(geometry.cp_vocab),
         ]
         .into_iter()
         .max()
@@ -324,6 +354,8 @@ impl CudaBackend {
             codes: ptr(&bufs.codes, s),
             barrier: ptr(&bufs.barrier, s),
             vocab: geometry.vocab as i32,
+            max_marks: max_marks as i32,
+            prefetch_lead: options.prefetch_lead as i32,
             cp_vocab: geometry.cp_vocab as i32,
             groups: g as i32,
             eos_id: geometry.eos_id as i32,
@@ -371,6 +403,7 @@ impl CudaBackend {
             embed_base,
             grid,
             frame_smem,
+            profile: false,
             embed_smem,
             codes_host,
             slots: vec![None; slots],
@@ -389,6 +422,30 @@ impl CudaBackend {
 
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
+    }
+
+    pub fn options(&self) -> &CudaOptions {
+        &self.options
+    }
+
+    /// While on, every launch records when each of its phases ended (block 0's SM clock);
+    /// [`Self::phase_marks`] reads the last launch's marks.
+    pub fn set_profile(&mut self, on: bool) {
+        self.profile = on;
+    }
+
+    /// The marks of the last launch made while profiling, in order; the first is its start.
+    pub fn phase_marks(&self) -> Result<Vec<PhaseMark>> {
+        ensure!(self.profile, "profiling is off (set_profile(true) first)");
+        let words = self.stream.clone_dtoh(&self.bufs.marks)?;
+        Ok(words
+            .chunks_exact(2)
+            .take_while(|w| w[0] != 0)
+            .map(|w| PhaseMark {
+                phase: w[1],
+                clock: w[0],
+            })
+            .collect())
     }
 
     /// Bytes of weights uploaded (bf16, packed).
@@ -514,13 +571,18 @@ impl CudaBackend {
 
     fn launch_frame_kernel(&mut self, params: &FrameParams) -> Result<()> {
         self.stream.memset_zeros(&mut self.bufs.barrier)?;
+        let mut params = *params;
+        if self.profile {
+            self.stream.memset_zeros(&mut self.bufs.marks)?;
+            params.marks = ptr(&self.bufs.marks, &self.stream);
+        }
         let cfg = LaunchConfig {
             grid_dim: (self.grid, 1, 1),
             block_dim: (BLOCK_THREADS, 1, 1),
             shared_mem_bytes: self.frame_smem,
         };
         let mut launch = self.stream.launch_builder(&self.frame_fn);
-        launch.arg(params);
+        launch.arg(&params);
         // SAFETY: every pointer in `params` addresses a live allocation owned by `self` and sized
         // in `new` for the geometry and options the kernel is told about; the cooperative launch
         // guarantees the co-residency the grid barrier needs.

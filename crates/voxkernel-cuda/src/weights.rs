@@ -9,7 +9,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use safetensors::Dtype;
 use voxkernel_core::checkpoint::{Checkpoint, SafetensorsFile};
 
-use crate::layout::LayerPointers;
+use crate::layout::{LayerPointers, MAX_HEAD_DIM};
 
 /// Geometry of one decoder stack (talker or code predictor), read from config.json.
 #[derive(Debug, Clone, Copy)]
@@ -134,8 +134,8 @@ impl Geometry {
                 );
             }
             ensure!(
-                s.head_dim.is_multiple_of(2) && s.head_dim <= 256,
-                "{name}.head_dim = {}: the CUDA backend supports even head_dim up to 256",
+                s.head_dim.is_multiple_of(2) && s.head_dim <= MAX_HEAD_DIM,
+                "{name}.head_dim = {}: the CUDA backend supports even head_dim up to {MAX_HEAD_DIM}",
                 s.head_dim
             );
             ensure!(

@@ -14,7 +14,7 @@ use voxkernel_core::config::ModelConfig;
 use voxkernel_core::prompt::{PromptPlan, PromptRequest, TextIds, TextMode, Voice, build_plan};
 use voxkernel_core::sampling::{
     SamplerParams, SamplingConfig, TalkerLogitRules, apply_repetition_penalty, apply_temperature,
-    mask_eos_before_min_tokens, suppress_control_tokens, top_k_filter, top_p_filter,
+    mask_eos_before_min_tokens, philox4x32_10, suppress_control_tokens, top_k_filter, top_p_filter,
 };
 use voxkernel_cuda::{CudaBackend, CudaOptions, driver_available};
 
@@ -392,15 +392,15 @@ fn prompt_rows_built_on_the_gpu_reproduce_official_codes() {
     }
 }
 
-/// The ids the CPU reference may draw codebook 0 from: its processors in the official order
-/// (repetition penalty over `history`, EOS held back before 2 tokens, control rows
-/// suppressed), then temperature, top-k and top-p; every finite logit left is a candidate.
-fn reference_candidates(
+/// Codebook-0 logits after the official processors (repetition penalty over `history`, EOS held
+/// back before 2 tokens, control rows suppressed), temperature, top-k and top-p, as the CPU
+/// reference computes them; also how many logits top-k alone keeps.
+fn reference_warped(
     raw_logits: &[f32],
     history: &[u32],
     eos: u32,
     params: &SamplerParams,
-) -> (Vec<usize>, usize) {
+) -> (Vec<f32>, usize) {
     let rules = TalkerLogitRules::official(raw_logits.len(), eos);
     let mut logits = raw_logits.to_vec();
     apply_repetition_penalty(&mut logits, history, params.repetition_penalty);
@@ -410,65 +410,98 @@ fn reference_candidates(
     top_k_filter(&mut logits, params.top_k);
     let top_k_kept = logits.iter().filter(|x| x.is_finite()).count();
     top_p_filter(&mut logits, params.top_p);
-    let kept = (0..logits.len())
-        .filter(|&i| logits[i].is_finite())
-        .collect();
-    (kept, top_k_kept)
+    (logits, top_k_kept)
 }
 
+/// The kernel's categorical draw (kernels/frame.cu `sample_logits`), on the CPU: Gumbel-max over
+/// the kept logits, the noise of id i from Philox4x32-10 with counter (i, n_sampled, group,
+/// 0x766f78) and the sequence seed as key; the lowest id wins ties.
+fn gumbel_max_draw(warped: &[f32], seed: u64, n_sampled: u32, group: u32) -> u32 {
+    let key = [seed as u32, (seed >> 32) as u32];
+    let mut best = (f32::NEG_INFINITY, 0u32);
+    for (i, &x) in warped.iter().enumerate() {
+        if x == f32::NEG_INFINITY {
+            continue;
+        }
+        let r = philox4x32_10([i as u32, n_sampled, group, 0x766f78], key);
+        let u = ((r[0] >> 8) as f32 + 0.5) * (1.0 / 16_777_216.0);
+        let score = x - (-u.ln()).ln();
+        if score > best.0 {
+            best = (score, i as u32);
+        }
+    }
+    best.1
+}
+
+/// Every codebook-0 draw of sampled runs (top_p off, then 0.6), recomputed on the CPU from the
+/// kernel's own raw logits: the kernel's top-k threshold, top-p nucleus and Gumbel-max draw must
+/// give exactly the id the CPU computes, and that id must be among the reference's candidates.
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
-fn top_p_draws_only_from_the_reference_nucleus() {
+fn codebook0_draws_equal_the_cpu_recomputation_with_and_without_top_p() {
     require_gpu_and_fixtures();
     let dir = fixture_root().join("tiny-custom-voice");
     let ckpt = Checkpoint::open(&dir).unwrap();
     let eos = ckpt.config.talker.codec_eos_token_id;
     let cases = load_cases(&dir);
     let mut backend = CudaBackend::new(&ckpt, options()).unwrap();
-    let (mut draws, mut narrowed) = (0usize, 0usize);
-    for case in &cases[..3] {
-        for seed in 0..4 {
-            let mut sampling = sampled(&ckpt, seed);
-            sampling.talker.top_p = 0.6;
-            sampling.subtalker.top_p = 0.6;
-            let slot = backend
-                .start_with_rows(&case.prefill, &case.trailing, sampling, case.max_frames())
-                .unwrap();
-            // each codebook 0 was drawn from the logits read before it, with the codebook-0
-            // ids before it as the penalty history
-            let mut logits = backend.logits(slot).unwrap();
-            let mut history: Vec<u32> = Vec::new();
-            loop {
-                let drawn = match backend.step(&[slot]).unwrap()[0] {
-                    FrameEvent::Frame(f) => f[0],
-                    FrameEvent::Finished(FinishReason::Eos) => eos,
-                    FrameEvent::Finished(FinishReason::MaxFrames) => break,
-                };
-                let (kept, top_k_kept) =
-                    reference_candidates(&logits, &history, eos, &sampling.talker);
-                assert!(
-                    kept.contains(&(drawn as usize)),
-                    "{} seed {seed} draw {}: {drawn} is outside the reference's top-p \
-                     candidates {kept:?}",
-                    case.name,
-                    history.len()
-                );
-                draws += 1;
-                narrowed += (kept.len() < top_k_kept) as usize;
-                if drawn == eos {
-                    break;
+    for top_p in [1.0, 0.6] {
+        let (mut draws, mut narrowed) = (0usize, 0usize);
+        for case in &cases[..3] {
+            for seed in 0..4 {
+                let mut sampling = sampled(&ckpt, seed);
+                sampling.talker.top_p = top_p;
+                sampling.subtalker.top_p = top_p;
+                let slot = backend
+                    .start_with_rows(&case.prefill, &case.trailing, sampling, case.max_frames())
+                    .unwrap();
+                // each codebook 0 is drawn from the logits read before it, with the codebook-0
+                // ids before it as the penalty history
+                let mut logits = backend.logits(slot).unwrap();
+                let mut history: Vec<u32> = Vec::new();
+                loop {
+                    let drawn = match backend.step(&[slot]).unwrap()[0] {
+                        FrameEvent::Frame(f) => f[0],
+                        FrameEvent::Finished(FinishReason::Eos) => eos,
+                        FrameEvent::Finished(FinishReason::MaxFrames) => break,
+                    };
+                    let (warped, top_k_kept) =
+                        reference_warped(&logits, &history, eos, &sampling.talker);
+                    let label = format!(
+                        "top_p {top_p} {} seed {seed} draw {}",
+                        case.name,
+                        history.len()
+                    );
+                    assert!(
+                        warped[drawn as usize].is_finite(),
+                        "{label}: {drawn} is outside the reference's candidates"
+                    );
+                    assert_eq!(
+                        drawn,
+                        gumbel_max_draw(&warped, seed, history.len() as u32, 0),
+                        "{label}"
+                    );
+                    draws += 1;
+                    narrowed +=
+                        (warped.iter().filter(|x| x.is_finite()).count() < top_k_kept) as usize;
+                    if drawn == eos {
+                        break;
+                    }
+                    history.push(drawn);
+                    logits = backend.logits(slot).unwrap();
                 }
-                history.push(drawn);
-                logits = backend.logits(slot).unwrap();
+                backend.release(slot);
             }
-            backend.release(slot);
+        }
+        println!("top_p {top_p}: {draws} codebook-0 draws, {narrowed} from a narrower nucleus");
+        if top_p < 1.0 {
+            assert!(
+                narrowed * 2 >= draws,
+                "top_p {top_p} narrowed only {narrowed} of {draws} candidate sets: the test checks \
+                 little"
+            );
         }
     }
-    println!("top_p 0.6: {draws} codebook-0 draws, {narrowed} from a nucleus narrower than top-k");
-    assert!(
-        narrowed * 2 >= draws,
-        "top_p 0.6 narrowed only {narrowed} of {draws} candidate sets: the test checks little"
-    );
 }
 
 #[test]

@@ -5,15 +5,15 @@
 #   .gpu/bin/{parity,engine_gpu,voxkernel,megakernel_check}.xz   release builds (x86-64)
 #   .gpu/scripts/{official_dump.py,make_ckpt.py}   .gpu/whl/*.whl (qwen-tts 0.1.1 + deps)
 # Steps: the GPU parity and sampler tests on the tiny checkpoints; the GPU engine tests; a random
-# full-size 0.6B CustomVoice checkpoint (--no-eos); `voxkernel bench` on it once per prefetch
-# lead in LEADS, each with a phase profile; with OFFICIAL=1 also the official bf16 run dumped and
-# the teacher-forced comparison against it.
+# full-size 0.6B CustomVoice checkpoint (--no-eos); `voxkernel bench` on it once per kernel
+# configuration in VARIANTS (L2 prefetch:attention chunk), each with a phase profile; with
+# OFFICIAL=1 also the official bf16 run dumped and the teacher-forced comparison against it.
 set -u
 G=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 FRAMES=${FRAMES:-120}
-LEADS=${LEADS:-"0 2"}
+VARIANTS=${VARIANTS:-"bulk:64 off:0"}
 NVRTC=$(find / -name 'libnvrtc.so.13' -not -path '/proc/*' 2>/dev/null | head -1)
 export LD_LIBRARY_PATH="$(dirname "$NVRTC"):${LD_LIBRARY_PATH:-}"
 export XDG_CACHE_HOME=/tmp/vkcache PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -34,6 +34,10 @@ VOXKERNEL_FIXTURES="$PWD/tests/fixtures/parity" timeout 200 $B/engine_gpu --incl
   --test-threads=1 2>&1 | grep -E '^test |test result|panicked|differ' | tee "$OUT/engine.log"
 
 echo "== full-size 0.6B CustomVoice checkpoint (random weights, no EOS)"
+mkdir -p "$G/reference/tokenizer"
+for f in vocab.json merges.txt tokenizer_config.json; do
+  cp "$PWD/tests/fixtures/parity/tiny-custom-voice/$f" "$G/reference/tokenizer/"
+done
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$G"/whl/*.whl || exit 1
 CKPT=/tmp/ckpt06
 PYTHONPATH=/tmp/site timeout 300 python3 "$G/scripts/make_ckpt.py" --out "$CKPT" --size 0.6b --type custom_voice --no-eos 2>&1 | tail -1
@@ -45,11 +49,11 @@ if [ "${OFFICIAL:-0}" = 1 ]; then
   timeout 300 $B/megakernel_check --model "$CKPT" --official /tmp/official.safetensors 2>&1 | tee "$OUT/check.log" | tail -12
 fi
 
-echo "== frame-kernel benchmark (300 frames after 20 warm-up, sampling on), prefetch leads: $LEADS"
+echo "== frame-kernel benchmark (300 frames after 20 warm-up, sampling on), variants: $VARIANTS"
 rm -f "$OUT/bench.jsonl"
-for lead in $LEADS; do
-  timeout 300 $B/voxkernel bench --model "$CKPT" --frames 300 --prefetch-lead "$lead" --profile 10 2>&1 \
-    | tee -a "$OUT/bench.log" | grep '^{' >> "$OUT/bench.jsonl"
+for v in $VARIANTS; do
+  timeout 300 $B/voxkernel bench --model "$CKPT" --frames 300 --l2-prefetch "${v%%:*}" \
+    --attention-chunk "${v##*:}" --profile 10 2>&1 | tee -a "$OUT/bench.log" | grep '^{' >> "$OUT/bench.jsonl"
 done
 
 echo "== summary"
@@ -60,9 +64,11 @@ python3 - "$OUT/bench.jsonl" <<'EOF'
 import json, sys
 for line in open(sys.argv[1]):
     r = json.loads(line)
-    if r.get("bench") != "frame_profile":
+    if r.get("bench") == "frame":
+        print(f"{r['l2_prefetch']:>5} chunk {r['attention_chunk']:>3}: p50 {r['ms_per_frame_p50']} ms, "
+              f"p99 {r['ms_per_frame_p99']} ms, {r['ratio_to_floor']}x floor {r['floor_ms']} ms ({r['gpu']})")
         continue
     top = sorted(r["phases"], key=lambda p: -p["us_per_frame"])
-    print(f"profile: kernel {r['kernel_us']} us/frame at {r['sm_clock_mhz']} MHz; " + ", ".join(
+    print(f"  profile: kernel {r['kernel_us']} us/frame at {r['sm_clock_mhz']} MHz; " + ", ".join(
         f"{p['stack'][0]}.{p['phase']} {p['us_per_frame']} ({p['mean_us']} x{p['per_frame']:g})" for p in top))
 EOF

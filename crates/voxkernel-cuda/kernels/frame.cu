@@ -4,8 +4,8 @@
 //   code predictor (16 single-token passes: past_hidden, CE(c0), then 14 group embeddings),
 //   sub-talker sampling, frame embedding + trailing text row, one talker step, codec head,
 //   codebook-0 sampling. The same kernel in PREFILL mode runs one talker row per launch.
-// Activations stay f32 (global scratch + shared memory); weights are bf16, streamed once, and
-// asked into L2 a few matvecs ahead of their phase (`WeightStream`).
+// Activations stay f32 (global scratch + shared memory); weights are bf16, streamed once: the
+// blocks a phase leaves idle ask L2 for the weights of the matvecs ahead (`prefetch_l2`).
 // No toolkit headers: NVRTC compiles this file with nothing but its own builtins.
 
 typedef unsigned short bf16_t;
@@ -58,7 +58,7 @@ struct LayerW {
 struct Stack {
   const LayerW* layers;
   const bf16_t* final_norm;
-  const float* inv_freq;  // [head_dim / 2]
+  const float2* rope;     // [max_len][head_dim / 2]: cos and sin of pos * inv_freq[i]
   float* k_cache;         // [cache_slots][layers][n_kv][max_len][head_dim]
   float* v_cache;
   int hidden, inter, n_heads, n_kv, head_dim, n_layers, max_len;
@@ -90,6 +90,8 @@ struct Params {
   float* x;                       // [MAX_B][max_hidden]
   float* qkv;                     // [MAX_B][max_qkv]
   float* attn;                    // [MAX_B][max_q]
+  float* attn_part;               // [MAX_B][attn_part_stride]: partial attention of each chunk
+  u32* attn_count;                // [MAX_B][max kv heads]: chunks done; zero between phases
   float* gate_up;                 // [MAX_B][2 * max_inter]
   float* cp_logits;               // [MAX_B][cp_vocab]
   int* codes;                     // [MAX_B][CODE_WORDS]
@@ -100,7 +102,10 @@ struct Params {
   int smem_x_floats;              // MAX_B * widest matvec input
   int mode, batch, prefill_row, prefill_last, forced;
   int max_marks;
-  int prefetch_lead;              // matvecs ahead whose weights are asked into L2; 0 = none
+  int l2_prefetch;                // L2_PREFETCH_*: how idle blocks ask L2 for the weights ahead
+  int attention_chunk;            // positions per attention block; 0 = all of a sequence's
+  int attn_part_stride;           // floats of attn_part per sequence
+  int talker_chunks;              // attention chunks of the talker step (its longest sequence)
   int slot[MAX_B];
   int pos[MAX_B];
   int step[MAX_B];
@@ -116,7 +121,20 @@ struct Params {
 
 // The host mirrors these structs (src/layout.rs); a size mismatch fails the compile.
 static_assert(sizeof(Stack) == 72, "Stack layout changed: update src/layout.rs");
-static_assert(sizeof(Params) == 928, "Params layout changed: update src/layout.rs");
+static_assert(sizeof(Params) == 952, "Params layout changed: update src/layout.rs");
+
+// The thread index, read where it is used: kept out of the compiler's loop-invariant hoisting,
+// whose long-lived copies of index arithmetic would otherwise spill registers.
+__device__ __forceinline__ int tid() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
+__device__ __forceinline__ int bid() {
+  int b;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(b));
+  return b;
+}
 
 // ---------------------------------------------------------------------------------------------
 // small helpers
@@ -156,28 +174,26 @@ __device__ __forceinline__ u32 ld_acquire(const u32* p) {
 // Co-residency of all blocks is guaranteed by the cooperative launch. The arrival is a release
 // (it publishes the block's writes, ordered before it by __syncthreads) and the spin an acquire,
 // which is all the ordering the phases need: no full fences.
+// The counter is Params::barrier.
 struct GridBarrier {
-  u32* counter;
   u32 target;
-  u64* marks;  // as Params::marks
-  int max_marks;
   int n_marks;
-  __device__ void sync(int phase) {
+  __device__ void sync(const Params& p, int phase) {
     target += gridDim.x;
     __syncthreads();
-    if (threadIdx.x == 0) {
-      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
-      while (ld_acquire(counter) < target) {
+    if (tid() == 0) {
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p.barrier) : "memory");
+      while (ld_acquire(p.barrier) < target) {
       }
     }
-    mark(phase);
+    mark(p, phase);
     __syncthreads();
   }
   // Profile: block 0 records when each phase ended (its barrier completed) and which it was.
-  __device__ void mark(int phase) {
-    if (marks && blockIdx.x == 0 && threadIdx.x == 0 && n_marks < max_marks) {
-      marks[2 * n_marks] = (u64)clock64();
-      marks[2 * n_marks + 1] = (u64)phase;
+  __device__ void mark(const Params& p, int phase) {
+    if (p.marks && bid() == 0 && tid() == 0 && n_marks < p.max_marks) {
+      p.marks[2 * n_marks] = (u64)clock64();
+      p.marks[2 * n_marks + 1] = (u64)phase;
     }
     n_marks++;
   }
@@ -185,7 +201,7 @@ struct GridBarrier {
 
 __device__ float block_sum(float v, float* red) {
   v = warp_sum(v);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = tid() >> 5, lane = tid() & 31;
   if (lane == 0) red[warp] = v;
   __syncthreads();
   float t = 0.f;
@@ -202,17 +218,17 @@ __device__ void rmsnorm_rows(const float* src, int src_stride, int n, const bf16
   for (int b = 0; b < nb; b++) {
     const float* s = src + (size_t)b * src_stride;
     float ss = 0.f;
-    for (int i = threadIdx.x; i < n; i += THREADS) ss += s[i] * s[i];
+    for (int i = tid(); i < n; i += THREADS) ss += s[i] * s[i];
     const float total = block_sum(ss, red);
     const float r = rsqrtf(total / (float)n + eps);
-    for (int i = threadIdx.x; i < n; i += THREADS) out[b * n + i] = bf2f(w[i]) * (s[i] * r);
+    for (int i = tid(); i < n; i += THREADS) out[b * n + i] = bf2f(w[i]) * (s[i] * r);
   }
   __syncthreads();
 }
 
 __device__ void load_rows(const float* src, int src_stride, int n, int nb, float* out) {
   for (int b = 0; b < nb; b++)
-    for (int i = threadIdx.x; i < n; i += THREADS) out[b * n + i] = src[(size_t)b * src_stride + i];
+    for (int i = tid(); i < n; i += THREADS) out[b * n + i] = src[(size_t)b * src_stride + i];
   __syncthreads();
 }
 
@@ -222,10 +238,10 @@ __device__ void load_rows(const float* src, int src_stride, int n, int nb, float
 #define MATVEC_DEPTH 4
 template <typename Emit>
 __device__ void matvec(const bf16_t* W, int rows, int K, const float* xs, int nb, Emit emit) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = tid() >> 5, lane = tid() & 31;
   const int total_warps = gridDim.x * WARPS;
   const int k8 = K >> 3;
-  for (int r = blockIdx.x * WARPS + warp; r < rows; r += total_warps) {
+  for (int r = bid() * WARPS + warp; r < rows; r += total_warps) {
     const uint4* wr = reinterpret_cast<const uint4*>(W + (size_t)r * K);
     float acc[MAX_B];
 #pragma unroll
@@ -263,7 +279,7 @@ __device__ void matvec(const bf16_t* W, int rows, int K, const float* xs, int nb
 }
 
 // ---------------------------------------------------------------------------------------------
-// weight stream: the matrices a launch's matvecs read, in order, asked into L2 ahead of use
+// weight stream: blocks a phase leaves idle ask L2 for the weights of the matvecs ahead
 
 struct Span {
   const bf16_t* w;
@@ -281,111 +297,106 @@ __device__ Span layer_span(const Stack& s, int layer, int which) {
   return {lw.down, 2 * H * inter};
 }
 
-// The idx-th matrix of the launch's matvec sequence: in FRAME mode each predictor pass (the
-// projection when the checkpoint has one, 4 per layer, the group head from the second pass on),
-// then the talker (4 per layer, the codec head); in PREFILL mode the talker part alone. Indices
-// past the end wrap around to the next launch's first matrices.
-__device__ Span stream_span(const Params& p, int idx) {
-  const int proj = p.proj_w ? 1 : 0;
-  const int cp_first = proj + 4 * p.cp.n_layers;
-  const int cp_pass = cp_first + 1;
-  const int cp_total = p.mode == MODE_FRAME ? cp_first + (p.groups - 1) * cp_pass : 0;
-  idx %= cp_total + 4 * p.talker.n_layers + 1;
-  if (idx < cp_total) {
-    int step = 0, local = idx;
-    if (idx >= cp_first) {
-      step = 1 + (idx - cp_first) / cp_pass;
-      local = (idx - cp_first) % cp_pass;
-    }
-    if (local < proj) return {p.proj_w, 2 * (size_t)p.cp.hidden * p.talker.hidden};
-    local -= proj;
-    if (local < 4 * p.cp.n_layers) return layer_span(p.cp, local / 4, local % 4);
-    const size_t head = (size_t)p.cp_vocab * p.cp.hidden;
-    return {p.cp_heads + (size_t)(step - 1) * head, 2 * head};
-  }
-  idx -= cp_total;
-  if (idx < 4 * p.talker.n_layers) return layer_span(p.talker, idx / 4, idx % 4);
-  return {p.codec_head, 2 * (size_t)p.vocab * p.talker.hidden};
+// The first matrix of a code-predictor pass: the projection when the checkpoint has one, else
+// layer 0's q|k|v.
+__device__ Span cp_pass_start(const Params& p) {
+  if (p.proj_w) return {p.proj_w, 2 * (size_t)p.cp.hidden * p.talker.hidden};
+  return layer_span(p.cp, 0, 0);
 }
 
-// Asks L2 to fetch a matrix from device memory; the grid's warps split it evenly. Nothing waits
-// for it: the stream runs under the barriers and matvecs in front of it.
-__device__ void prefetch_l2(Span s) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const size_t parts = (size_t)gridDim.x * WARPS;
-  const size_t piece = ((s.bytes + parts - 1) / parts + 127) & ~(size_t)127;
-  const size_t begin = ((size_t)blockIdx.x * WARPS + warp) * piece;
-  if (begin >= s.bytes) return;
-  const size_t len = s.bytes - begin < piece ? s.bytes - begin : piece;
-  const char* at = reinterpret_cast<const char*>(s.w) + begin;
+// The blocks from `first_block` on (those the phase gives no work) ask L2 for `s`, their warps
+// splitting it evenly: its bytes then stream from device memory while the phase's work and the
+// next barrier run, and the matvec that needs them reads L2. A hint: nothing waits for it.
+// L2_PREFETCH_BULK issues one copy-engine request per warp, L2_PREFETCH_LINES one prefetch per
+// 128-byte line from every lane.
+#define L2_PREFETCH_OFF 0
+#define L2_PREFETCH_BULK 1
+#define L2_PREFETCH_LINES 2
+#define PREFETCH_PIECE 16384  // bytes one warp asks for at a time
+__device__ void prefetch_l2(const Params& p, Span s, int first_block) {
+  if (p.l2_prefetch == L2_PREFETCH_OFF || bid() < first_block) return;
+  const int warp = tid() >> 5, lane = tid() & 31;
+  const u32 bytes = (u32)s.bytes;  // < 4 GiB: one weight matrix
+  const u32 warps = (gridDim.x - first_block) * WARPS;
+  for (u32 begin = ((bid() - first_block) * WARPS + warp) * PREFETCH_PIECE; begin < bytes;
+       begin += warps * PREFETCH_PIECE) {
+    const u32 len = bytes - begin < PREFETCH_PIECE ? bytes - begin : PREFETCH_PIECE;
+    const char* at = reinterpret_cast<const char*>(s.w) + begin;
 #if __CUDA_ARCH__ >= 900
-  // one bulk request (the copy engine splits it); sizes are multiples of 16 bytes
-  if (lane == 0)
-    asm volatile(
-        "{\n .reg .u64 g;\n cvta.to.global.u64 g, %0;\n"
-        " cp.async.bulk.prefetch.L2.global [g], %1;\n}" ::"l"(at),
-        "r"((u32)len)
-        : "memory");
-#else
-  for (size_t o = (size_t)lane * 128; o < len; o += 32 * 128)
-    asm volatile("prefetch.L2 [%0];" ::"l"(at + o) : "memory");
+    if (p.l2_prefetch == L2_PREFETCH_BULK) {
+      // sizes are multiples of 16 bytes, as the copy engine needs
+      if (lane == 0)
+        asm volatile(
+            "{\n .reg .u64 g;\n cvta.to.global.u64 g, %0;\n"
+            " cp.async.bulk.prefetch.L2.global [g], %1;\n}" ::"l"(at),
+            "r"(len)
+            : "memory");
+      continue;
+    }
 #endif
+    for (u32 o = lane * 128; o < len; o += 32 * 128)
+      asm volatile("prefetch.L2 [%0];" ::"l"(at + o) : "memory");
+  }
 }
-
-// Every block runs the same matvecs in the same order, so each can count them and ask for the
-// matrix `lead` matvecs ahead of the one it starts: its bytes then arrive during the phases and
-// barriers in between instead of after the next barrier.
-struct WeightStream {
-  int next;  // index of the next matvec in stream_span order
-  int lead;
-  __device__ void start(const Params& p) {
-    for (int k = 0; k < lead; k++) prefetch_l2(stream_span(p, k));
-  }
-  __device__ void advance(const Params& p) {
-    if (lead > 0) prefetch_l2(stream_span(p, next + lead));
-    next++;
-  }
-};
 
 // What every phase function needs to synchronise with the rest of the grid.
 struct Launch {
   GridBarrier bar;
-  WeightStream weights;
 };
 
 // ---------------------------------------------------------------------------------------------
 // transformer layer pieces
 
-// Per (sequence, kv head): q/k RMSNorm, RoPE, KV append, then the group's q heads attend over
-// positions 0..pos. Each warp takes every WARPS-th position for HEADS_PER_PASS q heads at once
-// (one K and V load serves them all) and loads the next position's K and V before computing on
-// the current one, so the loads of a warp's positions overlap instead of chaining. The warps'
-// partial softmax states are merged in a fixed order.
+// Loads that skip L1: data other blocks wrote during this phase (L1 may hold an older copy).
+__device__ __forceinline__ float ld_l2(const float* p) {
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+}
+
+// Attention runs in blocks of one (sequence, kv head, chunk of attention_chunk positions); with
+// attention_chunk 0 a sequence's positions are one chunk. `chunks` is the same for every
+// sequence of a phase: enough for the longest (the others' last chunks are empty).
+__device__ __forceinline__ int attention_chunks(const Params& p, int pos) {
+  return p.attention_chunk > 0 ? pos / p.attention_chunk + 1 : 1;
+}
+
+// Per (sequence, kv head, chunk): q/k RMSNorm, RoPE, the KV append (by the chunk holding pos),
+// then the group's q heads attend over the chunk's positions. Each warp takes every WARPS-th
+// position for HEADS_PER_PASS q heads at once (one K and V load serves them all) and loads the
+// next position's K and V before computing on the current one, so a warp's loads overlap instead
+// of chaining. The warps' partial softmax states are merged in a fixed order; with several
+// chunks, each writes its merged state to attn_part and the last of them to finish merges the
+// chunks in chunk order.
 __device__ void attention(const Params& p, const Stack& s, int layer, int nb, const int* cache_idx,
-                          const int* pos_of, float* work) {
+                          const int* pos_of, float* work, int chunks) {
   const int hd = s.head_dim, half = hd / 2, gs = s.n_heads / s.n_kv;
   const int q_width = s.n_heads * hd, kv_width = s.n_kv * hd;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = tid() >> 5, lane = tid() & 31;
   const float scale = rsqrtf((float)hd);
   float* vec = work;                             // [gs + 1][hd]: k, then the group's q heads
   float* wm = vec + (gs + 1) * hd;               // [HEADS_PER_PASS][WARPS]
   float* wl = wm + HEADS_PER_PASS * WARPS;       // [HEADS_PER_PASS][WARPS]
   float* wacc = wl + HEADS_PER_PASS * WARPS;     // [HEADS_PER_PASS][WARPS][hd]
-  for (int task = blockIdx.x; task < nb * s.n_kv; task += gridDim.x) {
-    const int b = task / s.n_kv, g = task % s.n_kv;
+  int* last = reinterpret_cast<int*>(wacc + HEADS_PER_PASS * WARPS * hd);  // [1]
+  for (int task = bid(); task < nb * s.n_kv * chunks; task += gridDim.x) {
+    const int b = task / (s.n_kv * chunks), g = task / chunks % s.n_kv, c = task % chunks;
     const int pos = pos_of[b];
+    const int first = c * p.attention_chunk;  // 0 when attention_chunk is
+    const int end = chunks > 1 && first + p.attention_chunk - 1 < pos ? first + p.attention_chunk - 1 : pos;
     const float* qkv = p.qkv + (size_t)b * p.max_qkv;
     const size_t head_base = (((size_t)cache_idx[b] * s.n_layers + layer) * s.n_kv + g) * s.max_len;
     float* kc = s.k_cache + head_base * hd;
     float* vc = s.v_cache + head_base * hd;
     const LayerW& lw = s.layers[layer];
     if (warp <= gs) {
-      // the rotary angles' loads go out with the row's, not after it
-      float angle[HEAD_REGS / 2];
+      // the rotation's loads go out with the row's, not after it
+      const float2* rope = s.rope + (size_t)pos * half;
+      float2 rot[HEAD_REGS / 2];
 #pragma unroll
       for (int j = 0; j < HEAD_REGS / 2; j++) {
         const int i = lane + 32 * j;
-        angle[j] = i < half ? (float)pos * s.inv_freq[i] : 0.f;
+        rot[j] = i < half ? rope[i] : make_float2(1.f, 0.f);
       }
       const float* src = warp == 0 ? qkv + q_width + g * hd : qkv + (g * gs + warp - 1) * hd;
       const bf16_t* nw = warp == 0 ? lw.k_norm : lw.q_norm;
@@ -400,8 +411,7 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
       for (int j = 0; j < HEAD_REGS / 2; j++) {
         const int i = lane + 32 * j;
         if (i < half) {
-          float sn, cs;
-          sincosf(angle[j], &sn, &cs);
+          const float cs = rot[j].x, sn = rot[j].y;
           const float a = v[i], c = v[i + half];
           const float lo = a * cs - c * sn, hi = c * cs + a * sn;
           v[i] = lo;
@@ -409,7 +419,7 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
         }
       }
       __syncwarp();
-      if (warp == 0) {
+      if (warp == 0 && c + 1 == attention_chunks(p, pos)) {
         const float* vsrc = qkv + q_width + kv_width + g * hd;
         for (int i = lane; i < hd; i += 32) {
           kc[(size_t)pos * hd + i] = v[i];
@@ -439,15 +449,15 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
           }
         }
       };
-      if (warp <= pos) load_kv(warp);
-      for (int t = warp; t <= pos; t += WARPS) {
+      if (first + warp <= end) load_kv(first + warp);
+      for (int t = first + warp; t <= end; t += WARPS) {
         float kt[HEAD_REGS], vt[HEAD_REGS];
 #pragma unroll
         for (int j = 0; j < HEAD_REGS; j++) {
           kt[j] = k_next[j];
           vt[j] = v_next[j];
         }
-        if (t + WARPS <= pos) load_kv(t + WARPS);
+        if (t + WARPS <= end) load_kv(t + WARPS);
 #pragma unroll
         for (int qi = 0; qi < HEADS_PER_PASS; qi++) {
           if (qi >= nq) continue;
@@ -480,7 +490,7 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
         }
       }
       __syncthreads();
-      for (int e = threadIdx.x; e < nq * hd; e += THREADS) {
+      for (int e = tid(); e < nq * hd; e += THREADS) {
         const int qi = e / hd, i = e % hd;
         const float* qm = wm + qi * WARPS;
         const float* ql = wl + qi * WARPS;
@@ -492,52 +502,121 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
         float num = 0.f;
         for (int w = 0; w < WARPS; w++)
           if (ql[w] > 0.f) num += wacc[(qi * WARPS + w) * hd + i] * expf(qm[w] - big);
-        p.attn[(size_t)b * p.max_q + (g * gs + q0 + qi) * hd + i] = num / denom;
+        const int head = g * gs + q0 + qi;
+        if (chunks == 1) {
+          p.attn[(size_t)b * p.max_q + head * hd + i] = num / denom;
+        } else {
+          // [hd] unnormalised output, then the chunk's max score and softmax denominator
+          float* part = p.attn_part + (size_t)b * p.attn_part_stride +
+                        (size_t)(head * chunks + c) * (hd + 2);
+          part[i] = num;
+          if (i == 0) {
+            part[hd] = big;
+            part[hd + 1] = denom;
+          }
+        }
+      }
+      __syncthreads();
+    }
+    if (chunks > 1) {
+      // publish this chunk's states; the last chunk of (b, g) to get here merges all of them
+      __threadfence();
+      __syncthreads();
+      if (tid() == 0) {
+        u32* done = p.attn_count + b * s.n_kv + g;
+        *last = atomicAdd(done, 1u) == (u32)(chunks - 1);
+        if (*last) *done = 0;  // ready for the next phase (all chunks have counted)
+      }
+      __syncthreads();
+      if (*last) {
+        __threadfence();
+        for (int e = tid(); e < gs * hd; e += THREADS) {
+          const int head = g * gs + e / hd, i = e % hd;
+          const float* part =
+              p.attn_part + (size_t)b * p.attn_part_stride + (size_t)head * chunks * (hd + 2);
+          float big = NEG_INF;
+          for (int k = 0; k < chunks; k++) big = fmaxf(big, ld_l2(part + k * (hd + 2) + hd));
+          float denom = 0.f, num = 0.f;
+          for (int k = 0; k < chunks; k++) {
+            const float f = expf(ld_l2(part + k * (hd + 2) + hd) - big);
+            denom += ld_l2(part + k * (hd + 2) + hd + 1) * f;
+            num += ld_l2(part + k * (hd + 2) + i) * f;
+          }
+          p.attn[(size_t)b * p.max_q + head * hd + i] = num / denom;
+        }
       }
       __syncthreads();
     }
   }
 }
 
-// One decoder layer for nb single-token rows held in `x` (global, stride max_hidden). `stack`
-// is 0 for the code predictor, PH_TALKER for the talker (profile tags).
-__device__ void layer_step(const Params& p, const Stack& s, int stack, int layer, int nb,
+// What the launch streams after a stack's last layer, asked into L2 by the blocks from
+// `first_block` on. `step` = the predictor pass, or -1 for the talker.
+__device__ void prefetch_after_layers(const Params& p, int step, int first_block) {
+  if (step < 0) {
+    prefetch_l2(p, Span{p.codec_head, 2 * (size_t)p.vocab * p.talker.hidden}, first_block);
+    // the next frame's first matrix: it stays in L2 until that launch
+    if (p.mode == MODE_FRAME) prefetch_l2(p, cp_pass_start(p), first_block);
+    return;
+  }
+  const size_t head = (size_t)p.cp_vocab * p.cp.hidden;
+  if (step > 0) prefetch_l2(p, Span{p.cp_heads + (size_t)(step - 1) * head, 2 * head}, first_block);
+  prefetch_l2(p, step + 1 < p.groups ? cp_pass_start(p) : layer_span(p.talker, 0, 0), first_block);
+}
+
+// One decoder layer for nb single-token rows held in `x` (global, stride max_hidden): `step` is
+// the predictor pass, or -1 for the talker. Blocks a phase leaves idle ask L2 for the weights
+// ahead: the attention's for o_proj and gate|up, o_proj's for down, down's for the next layer's
+// q|k|v or, after the last layer, what follows it.
+__device__ void layer_step(const Params& p, const Stack& s, int step, int layer, int nb,
                            const int* cache_idx, const int* pos_of, float* xs, float* red,
                            float* work, Launch& L) {
+  const int stack = step < 0 ? PH_TALKER : 0;  // profile tag
+  const int chunks = step < 0 ? p.talker_chunks : attention_chunks(p, step);
   const LayerW& lw = s.layers[layer];
   const int H = s.hidden, qw = s.n_heads * s.head_dim, kvw = s.n_kv * s.head_dim;
+  // blocks holding a row of an H-row matvec (o_proj, down); the rest are idle there
+  const int h_blocks = (H + WARPS - 1) / WARPS;
   float* x = p.x;
   rmsnorm_rows(x, p.max_hidden, H, lw.in_norm, s.eps, nb, xs, red);
   float* qkv = p.qkv;
   const int max_qkv = p.max_qkv;
-  L.weights.advance(p);
   matvec(lw.qkv, qw + 2 * kvw, H, xs, nb,
          [&](int b, int r, float v) { qkv[(size_t)b * max_qkv + r] = v; });
-  L.bar.sync(stack | PH_QKV);
-  attention(p, s, layer, nb, cache_idx, pos_of, work);
-  L.bar.sync(stack | PH_ATTENTION);
+  L.bar.sync(p, stack | PH_QKV);
+  const int attention_tasks = nb * s.n_kv * chunks;
+  if (bid() >= attention_tasks) {
+    prefetch_l2(p, layer_span(s, layer, 1), attention_tasks);
+    prefetch_l2(p, layer_span(s, layer, 2), attention_tasks);
+  }
+  attention(p, s, layer, nb, cache_idx, pos_of, work, chunks);
+  L.bar.sync(p, stack | PH_ATTENTION);
+  if (bid() >= h_blocks) prefetch_l2(p, layer_span(s, layer, 3), h_blocks);
   load_rows(p.attn, p.max_q, qw, nb, xs);
   const int max_hidden = p.max_hidden;
-  L.weights.advance(p);
   matvec(lw.o, H, qw, xs, nb, [&](int b, int r, float v) { x[(size_t)b * max_hidden + r] += v; });
-  L.bar.sync(stack | PH_O);
+  L.bar.sync(p, stack | PH_O);
   rmsnorm_rows(x, p.max_hidden, H, lw.post_norm, s.eps, nb, xs, red);
   float* gu = p.gate_up;
   const int gu_stride = 2 * p.max_inter;
-  L.weights.advance(p);
   matvec(lw.gate_up, 2 * s.inter, H, xs, nb,
          [&](int b, int r, float v) { gu[(size_t)b * gu_stride + r] = v; });
-  L.bar.sync(stack | PH_GATE_UP);
+  L.bar.sync(p, stack | PH_GATE_UP);
+  if (bid() >= h_blocks) {
+    if (layer + 1 < s.n_layers)
+      prefetch_l2(p, layer_span(s, layer + 1, 0), h_blocks);
+    else
+      prefetch_after_layers(p, step, h_blocks);
+  }
   for (int b = 0; b < nb; b++)
-    for (int i = threadIdx.x; i < s.inter; i += THREADS) {
+    for (int i = tid(); i < s.inter; i += THREADS) {
       const float gt = gu[(size_t)b * gu_stride + i], up = gu[(size_t)b * gu_stride + s.inter + i];
       xs[b * s.inter + i] = gt / (1.f + expf(-gt)) * up;
     }
   __syncthreads();
-  L.weights.advance(p);
   matvec(lw.down, H, s.inter, xs, nb,
          [&](int b, int r, float v) { x[(size_t)b * max_hidden + r] += v; });
-  L.bar.sync(stack | PH_DOWN);
+  L.bar.sync(p, stack | PH_DOWN);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -564,10 +643,10 @@ __device__ uint4 philox(uint4 c, u32 k0, u32 k1) {
 
 // Returns the index of the largest key (lowest index on ties), over n values in shared memory.
 __device__ int block_argmax(const float* v, int n, float* redf, int* redi) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = tid() >> 5, lane = tid() & 31;
   float best = NEG_INF;
   int bi = 0x7fffffff;
-  for (int i = threadIdx.x; i < n; i += THREADS) {
+  for (int i = tid(); i < n; i += THREADS) {
     const float x = v[i];
     if (x > best || (x == best && i < bi)) {
       best = x;
@@ -605,13 +684,13 @@ __device__ int block_argmax(const float* v, int n, float* redf, int* redi) {
 // the digit holding the k-th key with a scan over the histogram from the highest digit down.
 // `state` holds 2 words.
 __device__ u32 kth_largest_key(const float* v, int n, int k, u32* hist, u32* state) {
-  const int lane = threadIdx.x & 31;
+  const int lane = tid() & 31;
   u32 prefix = 0, mask = 0;
   int remaining = k;
   for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int i = threadIdx.x; i < 256; i += THREADS) hist[i] = 0;
+    for (int i = tid(); i < 256; i += THREADS) hist[i] = 0;
     __syncthreads();
-    for (int base = threadIdx.x - lane; base < n; base += THREADS) {
+    for (int base = tid() - lane; base < n; base += THREADS) {
       const int i = base + lane;
       u32 bin = 256;  // not counted this round
       if (i < n) {
@@ -622,7 +701,7 @@ __device__ u32 kth_largest_key(const float* v, int n, int k, u32* hist, u32* sta
       if (bin < 256 && lane == __ffs(same) - 1) atomicAdd(&hist[bin], (u32)__popc(same));
     }
     __syncthreads();
-    if (threadIdx.x < 32) {
+    if (tid() < 32) {
       // lane l owns the 8 digits from 255 - 8l down; lane 0 the highest
       const int top = 255 - 8 * lane;
       u32 own = 0;
@@ -670,11 +749,11 @@ __device__ void top_p_filter(float* v, int n, u32 threshold, float top_p, u32* c
                              float* scratch) {
   int* cand = reinterpret_cast<int*>(scratch);        // [n] candidates in index order
   int* sorted = reinterpret_cast<int*>(scratch + n);  // [n] candidate of each rank
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = tid() >> 5, lane = tid() & 31;
   auto kept = [&](int i) { return v[i] != NEG_INF && ordered_key(v[i]) >= threshold; };
   // compaction in index order: each thread owns a contiguous range of indices
   const int per = (n + THREADS - 1) / THREADS;
-  const int lo = min(n, (int)threadIdx.x * per), hi = min(n, lo + per);
+  const int lo = min(n, tid() * per), hi = min(n, lo + per);
   int cnt = 0;
   for (int i = lo; i < hi; i++) cnt += kept(i);
   int incl = cnt;
@@ -694,7 +773,7 @@ __device__ void top_p_filter(float* v, int n, u32 threshold, float top_p, u32* c
   for (int i = lo; i < hi; i++)
     if (kept(i)) cand[at++] = i;
   __syncthreads();
-  for (int j = threadIdx.x; j < total; j += THREADS) {
+  for (int j = tid(); j < total; j += THREADS) {
     const int ij = cand[j];
     const u32 kj = ordered_key(v[ij]);
     int rank = 0;
@@ -707,10 +786,10 @@ __device__ void top_p_filter(float* v, int n, u32 threshold, float top_p, u32* c
   __syncthreads();
   float* e = scratch;  // over `cand`, read for the last time above
   const float top = v[sorted[total - 1]];
-  for (int r = threadIdx.x; r < total; r += THREADS)
+  for (int r = tid(); r < total; r += THREADS)
     e[r] = (float)exp((double)(v[sorted[r]] - top));
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (tid() == 0) {
     float sum = 0.f;
     for (int r = 0; r < total; r++) sum += e[r];
     const float limit = 1.f - top_p;
@@ -730,12 +809,12 @@ __device__ int sample_logits(float* v, int n, const Sampler& sp, u32 seed_lo, u3
                              u32 stream_a, u32 stream_b, float* redf, int* redi, u32* hist,
                              float* scratch) {
   if (!sp.do_sample) return block_argmax(v, n, redf, redi);
-  for (int i = threadIdx.x; i < n; i += THREADS) v[i] = v[i] / sp.temperature;
+  for (int i = tid(); i < n; i += THREADS) v[i] = v[i] / sp.temperature;
   __syncthreads();
   u32 threshold = 0;
   if (sp.top_k > 0 && sp.top_k < n) threshold = kth_largest_key(v, n, sp.top_k, hist, hist + 256);
   if (sp.top_p < 1.f) top_p_filter(v, n, threshold, sp.top_p, hist, scratch);
-  for (int i = threadIdx.x; i < n; i += THREADS) {
+  for (int i = tid(); i < n; i += THREADS) {
     const float x = v[i];
     if (ordered_key(x) < threshold || x == NEG_INF) {
       v[i] = NEG_INF;
@@ -761,7 +840,7 @@ __device__ int sample_talker(const Params& p, int b, float* work, float* redf, i
   const Sampler& sp = p.talker_sampler[b];
   float* v = work;
   u32* hist = reinterpret_cast<u32*>(work + V);
-  for (int i = threadIdx.x; i < V; i += THREADS) {
+  for (int i = tid(); i < V; i += THREADS) {
     float x = logits[i];
     if (seen[i]) x = x < 0.f ? x * sp.repetition_penalty : x / sp.repetition_penalty;
     if (i == p.eos_id && p.n_sampled[b] < 2) x = NEG_INF;
@@ -777,7 +856,7 @@ __device__ int sample_sub(const Params& p, int b, int group, float* work, float*
   const int V = p.cp_vocab;
   float* v = work;
   u32* hist = reinterpret_cast<u32*>(work + V);
-  for (int i = threadIdx.x; i < V; i += THREADS) v[i] = p.cp_logits[(size_t)b * V + i];
+  for (int i = tid(); i < V; i += THREADS) v[i] = p.cp_logits[(size_t)b * V + i];
   __syncthreads();
   return sample_logits(v, V, p.sub_sampler[b], p.seed_lo[b], p.seed_hi[b], (u32)p.n_sampled[b],
                        (u32)group, redf, redi, hist, work + V + HIST_WORDS);
@@ -791,17 +870,16 @@ __device__ void cp_input(const Params& p, int nb, Src src, float* xs, Launch& L)
   float* x = p.x;
   if (p.proj_w) {
     for (int b = 0; b < nb; b++)
-      for (int i = threadIdx.x; i < H; i += THREADS) xs[b * H + i] = src(b, i);
+      for (int i = tid(); i < H; i += THREADS) xs[b * H + i] = src(b, i);
     __syncthreads();
     const bf16_t* bias = p.proj_b;
-    L.weights.advance(p);
     matvec(p.proj_w, p.cp.hidden, H, xs, nb,
            [&](int b, int r, float v) { x[(size_t)b * max_hidden + r] = v + bf2f(bias[r]); });
-  } else if (blockIdx.x == 0) {
+  } else if (bid() == 0) {
     for (int b = 0; b < nb; b++)
-      for (int i = threadIdx.x; i < H; i += THREADS) x[(size_t)b * max_hidden + i] = src(b, i);
+      for (int i = tid(); i < H; i += THREADS) x[(size_t)b * max_hidden + i] = src(b, i);
   }
-  L.bar.sync(PH_INPUT);
+  L.bar.sync(p, PH_INPUT);
 }
 
 __device__ __forceinline__ const bf16_t* cp_embedding_row(const Params& p, int table, int code) {
@@ -813,7 +891,6 @@ __device__ __forceinline__ const bf16_t* cp_embedding_row(const Params& p, int t
 __device__ void norm_and_head(const Params& p, const Stack& s, const bf16_t* head, int vocab,
                               float* out_of_b[MAX_B], int nb, float* xs, float* red, Launch& L) {
   rmsnorm_rows(p.x, p.max_hidden, s.hidden, s.final_norm, s.eps, nb, xs, red);
-  L.weights.advance(p);
   matvec(head, vocab, s.hidden, xs, nb, [&](int b, int r, float v) { out_of_b[b][r] = v; });
 }
 
@@ -825,7 +902,7 @@ __device__ void frame_embedding(const Params& p, int b) {
   const int trow = g < p.trailing_len[b] - 1 ? g : p.trailing_len[b] - 1;
   const float* trailing = p.trailing + ((size_t)p.slot[b] * p.max_trailing + trow) * H;
   const bf16_t* c0row = p.codec_embedding + (size_t)codes[0] * H;
-  for (int i = threadIdx.x; i < H; i += THREADS) {
+  for (int i = tid(); i < H; i += THREADS) {
     float e = bf2f(c0row[i]);
     for (int j = 1; j < p.groups; j++) e += bf2f(cp_embedding_row(p, j - 1, codes[j])[i]);
     p.x[(size_t)b * p.max_hidden + i] = e + trailing[i];
@@ -859,15 +936,15 @@ __device__ void code_predictor(const Params& p, int nb, float* xs, float* red, i
                xs, L);
     }
     for (int layer = 0; layer < s.n_layers; layer++)
-      layer_step(p, s, 0, layer, nb, cache_idx, pos_of, xs, red, work, L);
+      layer_step(p, s, step, layer, nb, cache_idx, pos_of, xs, red, work, L);
     if (step == 0) continue;
     norm_and_head(p, s, p.cp_heads + (size_t)(step - 1) * p.cp_vocab * s.hidden, p.cp_vocab,
                   logits_of, nb, xs, red, L);
-    L.bar.sync(PH_HEAD);
-    for (int b = blockIdx.x; b < nb; b += gridDim.x) {
+    L.bar.sync(p, PH_HEAD);
+    for (int b = bid(); b < nb; b += gridDim.x) {
       const int own = sample_sub(p, b, step, work, red, redi);
       const int code = p.forced ? p.forced_codes[b][step] : own;
-      if (threadIdx.x == 0) {
+      if (tid() == 0) {
         p.codes[b * CODE_WORDS + step] = code;
         p.codes[b * CODE_WORDS + OWN + step] = own;
       }
@@ -875,7 +952,7 @@ __device__ void code_predictor(const Params& p, int nb, float* xs, float* red, i
       if (step + 1 < p.groups) {
         if (!p.proj_w) {
           const bf16_t* row = cp_embedding_row(p, step - 1, code);
-          for (int i = threadIdx.x; i < H; i += THREADS)
+          for (int i = tid(); i < H; i += THREADS)
             p.x[(size_t)b * p.max_hidden + i] = bf2f(row[i]);
         }
       } else {
@@ -883,7 +960,7 @@ __device__ void code_predictor(const Params& p, int nb, float* xs, float* red, i
       }
       __syncthreads();
     }
-    L.bar.sync(PH_SAMPLE);
+    L.bar.sync(p, PH_SAMPLE);
   }
 }
 
@@ -893,14 +970,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) frame_kernel(const Para
   float* red = xs + p.smem_x_floats;
   int* redi = reinterpret_cast<int*>(red + 32);
   float* work = red + 64;
-  Launch L{GridBarrier{p.barrier, 0u, p.marks, p.max_marks, 0}, WeightStream{0, p.prefetch_lead}};
-  L.bar.mark(PH_START);
-  L.weights.start(p);
+  Launch L{GridBarrier{0u, 0}};
+  L.bar.mark(p, PH_START);
   const int nb = p.batch;
   const int H = p.talker.hidden;
 
   if (p.mode == MODE_FRAME) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (bid() == 0 && tid() == 0) {
       for (int b = 0; b < nb; b++) {
         p.codes[b * CODE_WORDS] = p.c0[b];
         p.seen[(size_t)p.slot[b] * p.vocab + p.c0[b]] = 1;
@@ -908,35 +984,35 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) frame_kernel(const Para
     }
     code_predictor(p, nb, xs, red, redi, work, L);
   } else {
-    if (blockIdx.x == 0)
-      for (int i = threadIdx.x; i < H; i += THREADS)
+    if (bid() == 0)
+      for (int i = tid(); i < H; i += THREADS)
         p.x[i] = p.prefill_rows[(size_t)p.prefill_row * H + i];
-    L.bar.sync(PH_TALKER | PH_INPUT);
+    L.bar.sync(p, PH_TALKER | PH_INPUT);
   }
 
   for (int layer = 0; layer < p.talker.n_layers; layer++)
-    layer_step(p, p.talker, PH_TALKER, layer, nb, p.slot, p.pos, xs, red, work, L);
+    layer_step(p, p.talker, -1, layer, nb, p.slot, p.pos, xs, red, work, L);
 
   if (p.mode == MODE_PREFILL && !p.prefill_last) return;
   float* logits_of[MAX_B];
   for (int b = 0; b < MAX_B; b++)
     logits_of[b] = p.talker_logits + (size_t)(b < nb ? p.slot[b] : 0) * p.vocab;
   norm_and_head(p, p.talker, p.codec_head, p.vocab, logits_of, nb, xs, red, L);
-  if (blockIdx.x == 0)
+  if (bid() == 0)
     for (int b = 0; b < nb; b++)
-      for (int i = threadIdx.x; i < H; i += THREADS)
+      for (int i = tid(); i < H; i += THREADS)
         p.past_hidden[(size_t)p.slot[b] * H + i] = xs[b * H + i];
-  L.bar.sync(PH_TALKER | PH_HEAD);
-  for (int b = blockIdx.x; b < nb; b += gridDim.x) {
+  L.bar.sync(p, PH_TALKER | PH_HEAD);
+  for (int b = bid(); b < nb; b += gridDim.x) {
     const int own = sample_talker(p, b, work, red, redi);
     const int c0 = p.forced ? p.forced_codes[b][16] : own;
-    if (threadIdx.x == 0) {
+    if (tid() == 0) {
       p.codes[b * CODE_WORDS + OWN + 16] = own;
       p.codes[b * CODE_WORDS + 16] = c0;
       p.codes[b * CODE_WORDS + 17] = c0 == p.eos_id;
     }
   }
-  L.bar.mark(PH_TALKER | PH_SAMPLE);
+  L.bar.mark(p, PH_TALKER | PH_SAMPLE);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -17,8 +17,8 @@ use voxkernel_core::sampling::{SamplerParams, SamplingConfig};
 
 use crate::layout::{
     BLOCK_THREADS, BLOCK_WARPS, CODE_WORDS, CODEC_ID, CODEC_NONE, CODEC_REFERENCE, CODEC_SPEAKER,
-    EmbedParams, FrameParams, HEADS_PER_PASS, HIST_WORDS, MAX_BATCH, MODE_FRAME, MODE_PREFILL,
-    OWN_CODES, Sampler, Stack,
+    EmbedParams, FrameParams, HEADS_PER_PASS, HIST_WORDS, L2_PREFETCH_BULK, L2_PREFETCH_LINES,
+    L2_PREFETCH_OFF, MAX_BATCH, MAX_HEAD_DIM, MODE_FRAME, MODE_PREFILL, OWN_CODES, Sampler, Stack,
 };
 use crate::runtime;
 use crate::weights::{DeviceWeights, Geometry, StackGeometry};
@@ -30,9 +30,12 @@ pub struct CudaOptions {
     pub max_slots: usize,
     /// Talker positions per sequence: prefill rows + frames. Also bounds the trailing text rows.
     pub max_len: usize,
-    /// How many matvecs ahead the kernel asks L2 for the weights of (0 = never), so that they
-    /// stream from memory during the barriers and phases before their own.
-    pub prefetch_lead: usize,
+    /// How the blocks a phase leaves idle ask L2 for the weights of the matvecs ahead, so that
+    /// those stream from memory during the phases before their own.
+    pub l2_prefetch: L2Prefetch,
+    /// Positions per attention block (0 = all of a sequence's in one block per kv head): long
+    /// contexts then spread over more SMs.
+    pub attention_chunk: usize,
 }
 
 impl Default for CudaOptions {
@@ -40,7 +43,40 @@ impl Default for CudaOptions {
         Self {
             max_slots: 4,
             max_len: 2048,
-            prefetch_lead: 2,
+            l2_prefetch: L2Prefetch::Bulk,
+            attention_chunk: 64,
+        }
+    }
+}
+
+/// How idle blocks ask L2 for weights ahead of their use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum L2Prefetch {
+    Off,
+    /// One copy-engine request (`cp.async.bulk.prefetch.L2`) per warp and 16 KiB.
+    Bulk,
+    /// One `prefetch.L2` per 128-byte line, from every lane.
+    Lines,
+}
+
+impl L2Prefetch {
+    fn kernel_value(self) -> i32 {
+        match self {
+            L2Prefetch::Off => L2_PREFETCH_OFF,
+            L2Prefetch::Bulk => L2_PREFETCH_BULK,
+            L2Prefetch::Lines => L2_PREFETCH_LINES,
+        }
+    }
+}
+
+impl std::str::FromStr for L2Prefetch {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "off" => Ok(L2Prefetch::Off),
+            "bulk" => Ok(L2Prefetch::Bulk),
+            "lines" => Ok(L2Prefetch::Lines),
+            other => bail!("l2 prefetch {other:?}: valid values are off, bulk, lines"),
         }
     }
 }
@@ -87,6 +123,8 @@ struct Buffers {
     talker_v: CudaSlice<f32>,
     cp_k: CudaSlice<f32>,
     cp_v: CudaSlice<f32>,
+    talker_rope: CudaSlice<f32>,
+    cp_rope: CudaSlice<f32>,
     past_hidden: CudaSlice<f32>,
     trailing: CudaSlice<f32>,
     seen: CudaSlice<u8>,
@@ -95,6 +133,8 @@ struct Buffers {
     x: CudaSlice<f32>,
     qkv: CudaSlice<f32>,
     attn: CudaSlice<f32>,
+    attn_part: CudaSlice<f32>,
+    attn_count: CudaSlice<u32>,
     gate_up: CudaSlice<f32>,
     cp_logits: CudaSlice<f32>,
     codes: CudaSlice<i32>,
@@ -147,7 +187,7 @@ fn stack_params(
     s: &StackGeometry,
     layers: u64,
     final_norm: u64,
-    inv_freq: u64,
+    rope: u64,
     k: u64,
     v: u64,
     max_len: usize,
@@ -155,7 +195,7 @@ fn stack_params(
     Stack {
         layers,
         final_norm,
-        inv_freq,
+        rope,
         k_cache: k,
         v_cache: v,
         hidden: s.hidden as i32,
@@ -172,7 +212,8 @@ fn stack_params(
 fn attention_work_floats(s: &StackGeometry) -> usize {
     let group = s.n_heads / s.n_kv;
     let partials = HEADS_PER_PASS * BLOCK_WARPS;
-    (group + 1) * s.head_dim + 2 * partials + partials * s.head_dim
+    // + the flag of the chunk that merges
+    (group + 1) * s.head_dim + 2 * partials + partials * s.head_dim + 1
 }
 
 /// Sampling scratch: the logits, the radix histogram, and top-p's two index arrays.
@@ -207,9 +248,10 @@ impl CudaBackend {
         ensure!(options.max_slots > 0, "max_slots must be at least 1");
         ensure!(options.max_len > 1, "max_len must be at least 2");
         ensure!(
-            options.prefetch_lead <= 64,
-            "prefetch_lead = {}: at most 64 matvecs ahead",
-            options.prefetch_lead
+            options.attention_chunk <= options.max_len,
+            "attention_chunk = {}: at most max_len ({})",
+            options.attention_chunk,
+            options.max_len
         );
         let geometry = Geometry::from_checkpoint(checkpoint)?;
         let ctx = runtime::open_device()?;
@@ -228,6 +270,13 @@ impl CudaBackend {
         let max_inter = t.inter.max(c.inter);
         // start + per predictor pass (input, 5 per layer, head, sampling) + the talker's
         let max_marks = 1 + g * (3 + 5 * c.layers) + 5 * t.layers + 3;
+        // attention partials: per sequence, every q head's chunks (the talker's positions or the
+        // predictor's groups, whichever needs more), each head_dim outputs + max + denominator
+        let max_chunks = match options.attention_chunk {
+            0 => 1,
+            chunk => max_len.max(g).div_ceil(chunk),
+        };
+        let attn_part_stride = t.n_heads.max(c.n_heads) * max_chunks * (MAX_HEAD_DIM + 2);
         let bufs = Buffers {
             talker_k: zeros(
                 &stream,
@@ -249,6 +298,12 @@ impl CudaBackend {
                 MAX_BATCH * c.layers * c.kv_width() * g,
                 "predictor V cache",
             )?,
+            talker_rope: stream
+                .clone_htod(&t.rope_table(max_len))
+                .context("uploading the talker's rotary table")?,
+            cp_rope: stream
+                .clone_htod(&c.rope_table(g))
+                .context("uploading the predictor's rotary table")?,
             past_hidden: zeros(&stream, slots * t.hidden, "past_hidden")?,
             trailing: zeros(&stream, slots * max_len * t.hidden, "trailing rows")?,
             seen: zeros(&stream, slots * geometry.vocab, "codebook-0 history")?,
@@ -257,6 +312,12 @@ impl CudaBackend {
             x: zeros(&stream, MAX_BATCH * max_hidden, "x")?,
             qkv: zeros(&stream, MAX_BATCH * max_qkv, "qkv")?,
             attn: zeros(&stream, MAX_BATCH * max_q, "attn")?,
+            attn_part: zeros(&stream, MAX_BATCH * attn_part_stride, "attention partials")?,
+            attn_count: zeros(
+                &stream,
+                MAX_BATCH * t.n_kv.max(c.n_kv),
+                "attention counters",
+            )?,
             gate_up: zeros(&stream, MAX_BATCH * 2 * max_inter, "gate_up")?,
             cp_logits: zeros(&stream, MAX_BATCH * geometry.cp_vocab, "predictor logits")?,
             codes: zeros(&stream, MAX_BATCH * CODE_WORDS, "codes")?,
@@ -321,7 +382,7 @@ impl CudaBackend {
                 t,
                 w.talker_layers,
                 w.talker_norm,
-                w.talker_inv_freq,
+                ptr(&bufs.talker_rope, s),
                 ptr(&bufs.talker_k, s),
                 ptr(&bufs.talker_v, s),
                 max_len,
@@ -330,7 +391,7 @@ impl CudaBackend {
                 c,
                 w.cp_layers,
                 w.cp_norm,
-                w.cp_inv_freq,
+                ptr(&bufs.cp_rope, s),
                 ptr(&bufs.cp_k, s),
                 ptr(&bufs.cp_v, s),
                 g,
@@ -349,13 +410,17 @@ impl CudaBackend {
             x: ptr(&bufs.x, s),
             qkv: ptr(&bufs.qkv, s),
             attn: ptr(&bufs.attn, s),
+            attn_part: ptr(&bufs.attn_part, s),
+            attn_count: ptr(&bufs.attn_count, s),
             gate_up: ptr(&bufs.gate_up, s),
             cp_logits: ptr(&bufs.cp_logits, s),
             codes: ptr(&bufs.codes, s),
             barrier: ptr(&bufs.barrier, s),
             vocab: geometry.vocab as i32,
             max_marks: max_marks as i32,
-            prefetch_lead: options.prefetch_lead as i32,
+            l2_prefetch: options.l2_prefetch.kernel_value(),
+            attention_chunk: options.attention_chunk as i32,
+            attn_part_stride: attn_part_stride as i32,
             cp_vocab: geometry.cp_vocab as i32,
             groups: g as i32,
             eos_id: geometry.eos_id as i32,
@@ -572,6 +637,16 @@ impl CudaBackend {
     fn launch_frame_kernel(&mut self, params: &FrameParams) -> Result<()> {
         self.stream.memset_zeros(&mut self.bufs.barrier)?;
         let mut params = *params;
+        // every sequence of the talker step gets the chunks its longest one needs
+        let longest = params.pos[..params.batch as usize]
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(0);
+        params.talker_chunks = match params.attention_chunk {
+            0 => 1,
+            chunk => longest / chunk + 1,
+        };
         if self.profile {
             self.stream.memset_zeros(&mut self.bufs.marks)?;
             params.marks = ptr(&self.bufs.marks, &self.stream);

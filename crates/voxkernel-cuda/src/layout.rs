@@ -21,6 +21,10 @@ pub const HEADS_PER_PASS: usize = 2;
 pub const HIST_WORDS: usize = 264;
 /// Largest head_dim the attention's registers hold (`MAX_HEAD_DIM` in the kernel).
 pub const MAX_HEAD_DIM: usize = 128;
+/// `l2_prefetch` values (`L2_PREFETCH_*` in the kernel).
+pub const L2_PREFETCH_OFF: i32 = 0;
+pub const L2_PREFETCH_BULK: i32 = 1;
+pub const L2_PREFETCH_LINES: i32 = 2;
 
 /// Phase tags of the profile marks (`PH_*` in the kernel): the phase whose end a mark records,
 /// with [`PHASE_TALKER`] set for the talker stack.
@@ -45,7 +49,8 @@ pub type LayerPointers = [u64; 8];
 pub struct Stack {
     pub layers: u64,
     pub final_norm: u64,
-    pub inv_freq: u64,
+    /// `[max_len][head_dim / 2]` (cos, sin) pairs.
+    pub rope: u64,
     pub k_cache: u64,
     pub v_cache: u64,
     pub hidden: i32,
@@ -88,6 +93,8 @@ pub struct FrameParams {
     pub x: u64,
     pub qkv: u64,
     pub attn: u64,
+    pub attn_part: u64,
+    pub attn_count: u64,
     pub gate_up: u64,
     pub cp_logits: u64,
     pub codes: u64,
@@ -109,7 +116,10 @@ pub struct FrameParams {
     pub prefill_last: i32,
     pub forced: i32,
     pub max_marks: i32,
-    pub prefetch_lead: i32,
+    pub l2_prefetch: i32,
+    pub attention_chunk: i32,
+    pub attn_part_stride: i32,
+    pub talker_chunks: i32,
     pub slot: [i32; MAX_BATCH],
     pub pos: [i32; MAX_BATCH],
     pub step: [i32; MAX_BATCH],
@@ -168,7 +178,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<Sampler>(), 20);
         assert_eq!(std::mem::size_of::<EmbedParams>(), 11 * 8 + 6 * 4);
         let frame =
-            2 * 72 + 19 * 8 + 17 * 4 + 8 * 4 * MAX_BATCH + 2 * 20 * MAX_BATCH + 17 * 4 * MAX_BATCH;
+            2 * 72 + 21 * 8 + 20 * 4 + 8 * 4 * MAX_BATCH + 2 * 20 * MAX_BATCH + 17 * 4 * MAX_BATCH;
         assert_eq!(
             std::mem::size_of::<FrameParams>(),
             frame.next_multiple_of(8)

@@ -16,7 +16,7 @@ use voxkernel_core::sampling::{
     SamplerParams, SamplingConfig, TalkerLogitRules, apply_repetition_penalty, apply_temperature,
     mask_eos_before_min_tokens, philox4x32_10, suppress_control_tokens, top_k_filter, top_p_filter,
 };
-use voxkernel_cuda::{CudaBackend, CudaOptions, driver_available};
+use voxkernel_cuda::{CudaBackend, CudaOptions, L2Prefetch, driver_available};
 
 /// Codebook-0 logits must agree with the official float32 run to this relative error
 /// (max |diff| / max |official|); the kernel reads the same bf16 weights and keeps f32 activations.
@@ -191,6 +191,31 @@ fn options() -> CudaOptions {
     }
 }
 
+/// Kernel configurations that must give the same results: the default; attention chunks of 4
+/// positions (several per sequence even on the tiny fixtures, so the chunks' merge runs) with
+/// per-line L2 prefetch; one attention block per (sequence, kv head) and no prefetch.
+fn variants() -> [(&'static str, CudaOptions); 3] {
+    [
+        ("default", options()),
+        (
+            "chunk 4, lines",
+            CudaOptions {
+                attention_chunk: 4,
+                l2_prefetch: L2Prefetch::Lines,
+                ..options()
+            },
+        ),
+        (
+            "chunk 0, off",
+            CudaOptions {
+                attention_chunk: 0,
+                l2_prefetch: L2Prefetch::Off,
+                ..options()
+            },
+        ),
+    ]
+}
+
 fn run_to_end(backend: &mut CudaBackend, slot: SlotId) -> (Vec<Frame>, FinishReason) {
     let mut frames = Vec::new();
     loop {
@@ -206,12 +231,15 @@ fn run_to_end(backend: &mut CudaBackend, slot: SlotId) -> (Vec<Frame>, FinishRea
 fn greedy_codes_and_prefill_logits_match_official() {
     require_gpu_and_fixtures();
     let mut failures = Vec::new();
-    for dir in checkpoints() {
+    for (dir, (variant, opts)) in checkpoints()
+        .into_iter()
+        .flat_map(|d| variants().map(|v| (d.clone(), v)))
+    {
         let ckpt = Checkpoint::open(&dir).unwrap();
-        let mut backend = CudaBackend::new(&ckpt, options()).unwrap();
+        let mut backend = CudaBackend::new(&ckpt, opts).unwrap();
         for case in load_cases(&dir) {
             let label = format!(
-                "{}/{}",
+                "{}/{} ({variant})",
                 dir.file_name().unwrap().to_string_lossy(),
                 case.name
             );
@@ -251,10 +279,13 @@ fn greedy_codes_and_prefill_logits_match_official() {
 fn teacher_forced_logits_match_official() {
     require_gpu_and_fixtures();
     let mut worst = 0f32;
-    for dir in checkpoints() {
+    for (dir, (variant, opts)) in checkpoints()
+        .into_iter()
+        .flat_map(|d| variants().map(|v| (d.clone(), v)))
+    {
         let ckpt = Checkpoint::open(&dir).unwrap();
         let eos = ckpt.config.talker.codec_eos_token_id;
-        let mut backend = CudaBackend::new(&ckpt, options()).unwrap();
+        let mut backend = CudaBackend::new(&ckpt, opts).unwrap();
         for case in load_cases(&dir) {
             let slot = backend
                 .start_with_rows(
@@ -269,14 +300,14 @@ fn teacher_forced_logits_match_official() {
                 let forced = backend.step_forced(slot, &case.codes[step], next).unwrap();
                 assert_eq!(
                     forced.own_frame, case.codes[step],
-                    "{}: step {step}",
+                    "{} ({variant}): step {step}",
                     case.name
                 );
                 let err = rel_err(&forced.logits, &case.logits[step + 1]);
                 worst = worst.max(err);
                 assert!(
                     err <= LOGITS_REL_TOL,
-                    "{}/{} step {step}: rel err {err:.2e}",
+                    "{}/{} ({variant}) step {step}: rel err {err:.2e}",
                     dir.display(),
                     case.name
                 );
@@ -322,12 +353,21 @@ fn two_sequences_in_one_launch_match_running_alone() {
     let dir = fixture_root().join("tiny-custom-voice");
     let ckpt = Checkpoint::open(&dir).unwrap();
     let cases = load_cases(&dir);
-    let mut backend = CudaBackend::new(&ckpt, options()).unwrap();
+    // cases of different prompt lengths: with small chunks, the shorter one's last chunks are
+    // empty in the talker's attention
+    assert_ne!(cases[0].prefill.len(), cases[1].prefill.len());
+    for (variant, opts) in variants() {
+        two_sequences_together(&ckpt, &cases, opts, variant);
+    }
+}
+
+fn two_sequences_together(ckpt: &Checkpoint, cases: &[Case], opts: CudaOptions, variant: &str) {
+    let mut backend = CudaBackend::new(ckpt, opts).unwrap();
     let a = backend
         .start_with_rows(
             &cases[0].prefill,
             &cases[0].trailing,
-            greedy(&ckpt, 0),
+            greedy(ckpt, 0),
             cases[0].max_frames(),
         )
         .unwrap();
@@ -335,7 +375,7 @@ fn two_sequences_in_one_launch_match_running_alone() {
         .start_with_rows(
             &cases[1].prefill,
             &cases[1].trailing,
-            greedy(&ckpt, 0),
+            greedy(ckpt, 0),
             cases[1].max_frames(),
         )
         .unwrap();
@@ -353,8 +393,8 @@ fn two_sequences_in_one_launch_match_running_alone() {
             break;
         }
     }
-    assert_eq!(got[0], cases[0].codes, "{}", cases[0].name);
-    assert_eq!(got[1], cases[1].codes, "{}", cases[1].name);
+    assert_eq!(got[0], cases[0].codes, "{} ({variant})", cases[0].name);
+    assert_eq!(got[1], cases[1].codes, "{} ({variant})", cases[1].name);
 }
 
 #[test]

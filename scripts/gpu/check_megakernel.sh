@@ -5,15 +5,15 @@
 #   .gpu/bin/{parity,engine_gpu,voxkernel,megakernel_check}.xz   release builds (x86-64)
 #   .gpu/scripts/{official_dump.py,make_ckpt.py}   .gpu/whl/*.whl (qwen-tts 0.1.1 + deps)
 # Steps: the GPU parity and sampler tests on the tiny checkpoints; the GPU engine tests; a random
-# full-size 0.6B CustomVoice checkpoint (--no-eos); `voxkernel bench` on it once per kernel
-# configuration in VARIANTS (L2 prefetch:attention chunk), each with a phase profile; with
-# OFFICIAL=1 also the official bf16 run dumped and the teacher-forced comparison against it.
+# full-size 0.6B CustomVoice checkpoint (--no-eos); `voxkernel bench` on it once per attention
+# chunk length in CHUNKS, each with a phase profile; with OFFICIAL=1 also the official bf16 run
+# dumped and the teacher-forced comparison against it.
 set -u
 G=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 FRAMES=${FRAMES:-120}
-VARIANTS=${VARIANTS:-"bulk:64 off:0"}
+CHUNKS=${CHUNKS:-"64 0"}
 NVRTC=$(find / -name 'libnvrtc.so.13' -not -path '/proc/*' 2>/dev/null | head -1)
 export LD_LIBRARY_PATH="$(dirname "$NVRTC"):${LD_LIBRARY_PATH:-}"
 export XDG_CACHE_HOME=/tmp/vkcache PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -49,11 +49,11 @@ if [ "${OFFICIAL:-0}" = 1 ]; then
   timeout 300 $B/megakernel_check --model "$CKPT" --official /tmp/official.safetensors 2>&1 | tee "$OUT/check.log" | tail -12
 fi
 
-echo "== frame-kernel benchmark (300 frames after 20 warm-up, sampling on), variants: $VARIANTS"
+echo "== frame-kernel benchmark (300 frames after 20 warm-up, sampling on), attention chunks: $CHUNKS"
 rm -f "$OUT/bench.jsonl"
-for v in $VARIANTS; do
-  timeout 300 $B/voxkernel bench --model "$CKPT" --frames 300 --l2-prefetch "${v%%:*}" \
-    --attention-chunk "${v##*:}" --profile 10 2>&1 | tee -a "$OUT/bench.log" | grep '^{' >> "$OUT/bench.jsonl"
+for chunk in $CHUNKS; do
+  timeout 300 $B/voxkernel bench --model "$CKPT" --frames 300 --attention-chunk "$chunk" --profile 10 2>&1 \
+    | tee -a "$OUT/bench.log" | grep '^{' >> "$OUT/bench.jsonl"
 done
 
 echo "== summary"
@@ -65,7 +65,7 @@ import json, sys
 for line in open(sys.argv[1]):
     r = json.loads(line)
     if r.get("bench") == "frame":
-        print(f"{r['l2_prefetch']:>5} chunk {r['attention_chunk']:>3}: p50 {r['ms_per_frame_p50']} ms, "
+        print(f"chunk {r['attention_chunk']:>3}: p50 {r['ms_per_frame_p50']} ms, "
               f"p99 {r['ms_per_frame_p99']} ms, {r['ratio_to_floor']}x floor {r['floor_ms']} ms ({r['gpu']})")
         continue
     top = sorted(r["phases"], key=lambda p: -p["us_per_frame"])

@@ -18,8 +18,8 @@ use voxkernel_core::engine::{
 use voxkernel_core::prompt::Voice;
 use voxkernel_core::sampling::SamplingConfig;
 
+use voxkernel_cuda::CudaOptions;
 use voxkernel_cuda::bench::{FrameBench, run_frame_bench};
-use voxkernel_cuda::{CudaOptions, L2Prefetch};
 
 use crate::backends::{self, BackendChoice};
 
@@ -55,10 +55,6 @@ pub struct BenchArgs {
     /// Frame-kernel mode: untimed frames first.
     #[arg(long, default_value_t = 20)]
     warmup: usize,
-    /// Frame-kernel mode: how idle blocks ask L2 for the weights ahead: off, bulk (copy-engine
-    /// requests) or lines (per-line prefetches); the backend's default when absent.
-    #[arg(long)]
-    l2_prefetch: Option<L2Prefetch>,
     /// Frame-kernel mode: positions per attention block (0 = a whole sequence per kv head); the
     /// backend's default when absent.
     #[arg(long)]
@@ -84,7 +80,6 @@ fn run_frame_kernel(args: &BenchArgs) -> Result<()> {
         frames: args.frames.unwrap_or(300),
         warmup: args.warmup,
         options: CudaOptions {
-            l2_prefetch: args.l2_prefetch.unwrap_or(defaults.l2_prefetch),
             attention_chunk: args.attention_chunk.unwrap_or(defaults.attention_chunk),
             ..defaults
         },

@@ -4,8 +4,7 @@
 //   code predictor (16 single-token passes: past_hidden, CE(c0), then 14 group embeddings),
 //   sub-talker sampling, frame embedding + trailing text row, one talker step, codec head,
 //   codebook-0 sampling. The same kernel in PREFILL mode runs one talker row per launch.
-// Activations stay f32 (global scratch + shared memory); weights are bf16, streamed once: the
-// blocks a phase leaves idle ask L2 for the weights of the matvecs ahead (`prefetch_l2`).
+// Activations stay f32 (global scratch + shared memory); weights are bf16, streamed once.
 // No toolkit headers: NVRTC compiles this file with nothing but its own builtins.
 
 typedef unsigned short bf16_t;
@@ -63,6 +62,7 @@ struct Stack {
   float* v_cache;
   int hidden, inter, n_heads, n_kv, head_dim, n_layers, max_len;
   float eps;
+  __device__ int qkv_rows() const { return (n_heads + 2 * n_kv) * head_dim; }
 };
 
 struct Sampler {
@@ -102,7 +102,6 @@ struct Params {
   int smem_x_floats;              // MAX_B * widest matvec input
   int mode, batch, prefill_row, prefill_last, forced;
   int max_marks;
-  int l2_prefetch;                // L2_PREFETCH_*: how idle blocks ask L2 for the weights ahead
   int attention_chunk;            // positions per attention block; 0 = all of a sequence's
   int attn_part_stride;           // floats of attn_part per sequence
   int talker_chunks;              // attention chunks of the talker step (its longest sequence)
@@ -170,32 +169,46 @@ __device__ __forceinline__ u32 ld_acquire(const u32* p) {
   return v;
 }
 
+// Profile (Params::marks): block 0's thread 0 records its SM clock at the end of each phase and
+// which phase it was. Out of line, so that the rarely taken call holds no registers in the
+// kernel; the count lives in shared memory for the same reason.
+__device__ __noinline__ void record_mark(u64* marks, int max_marks, int phase) {
+  __shared__ int n_marks;
+  const int n = phase == PH_START ? 0 : n_marks;
+  if (n < max_marks) {
+    marks[2 * n] = (u64)clock64();
+    marks[2 * n + 1] = (u64)phase;
+  }
+  n_marks = n + 1;
+}
+
 // Monotonic counter barrier: barrier n completes when the counter reaches n * gridDim.x.
 // Co-residency of all blocks is guaranteed by the cooperative launch. The arrival is a release
 // (it publishes the block's writes, ordered before it by __syncthreads) and the spin an acquire,
-// which is all the ordering the phases need: no full fences.
-// The counter is Params::barrier.
+// which is all the ordering the phases need: no full fences. The counter is Params::barrier.
 struct GridBarrier {
   u32 target;
-  int n_marks;
   __device__ void sync(const Params& p, int phase) {
+    arrive(p);
+    wait(p, phase);
+  }
+  // sync() in two halves: between them a block may do work that reads nothing another block
+  // writes in the phase (loading weights), which then overlaps the wait.
+  __device__ void arrive(const Params& p) {
     target += gridDim.x;
     __syncthreads();
-    if (tid() == 0) {
+    if (tid() == 0)
       asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p.barrier) : "memory");
+  }
+  __device__ void wait(const Params& p, int phase) {
+    if (tid() == 0)
       while (ld_acquire(p.barrier) < target) {
       }
-    }
     mark(p, phase);
     __syncthreads();
   }
-  // Profile: block 0 records when each phase ended (its barrier completed) and which it was.
   __device__ void mark(const Params& p, int phase) {
-    if (p.marks && bid() == 0 && tid() == 0 && n_marks < p.max_marks) {
-      p.marks[2 * n_marks] = (u64)clock64();
-      p.marks[2 * n_marks + 1] = (u64)phase;
-    }
-    n_marks++;
+    if (p.marks && bid() == 0 && tid() == 0) record_mark(p.marks, p.max_marks, phase);
   }
 };
 
@@ -232,41 +245,78 @@ __device__ void load_rows(const float* src, int src_stride, int n, int nb, float
   __syncthreads();
 }
 
+// 16-byte weight chunks a lane loads before it uses the first.
+#define MATVEC_DEPTH 4
+
+// The first MATVEC_DEPTH chunks (per lane) of a warp's first row of a matvec. Weights depend on
+// nothing, so a phase loads them between the arrival at the previous barrier and the wait for
+// it: their memory round trip overlaps the wait instead of following it. Volatile keeps the
+// loads there.
+struct FirstChunks {
+  uint4 w[MATVEC_DEPTH];
+};
+
+__device__ FirstChunks first_chunks(const bf16_t* W, int rows, int K) {
+  FirstChunks f;
+  const int r = bid() * WARPS + (tid() >> 5), lane = tid() & 31, k8 = K >> 3;
+  const uint4* wr = reinterpret_cast<const uint4*>(W + (size_t)(r < rows ? r : 0) * K);
+#pragma unroll
+  for (int j = 0; j < MATVEC_DEPTH; j++) {
+    f.w[j] = make_uint4(0u, 0u, 0u, 0u);
+    if (r < rows && lane + 32 * j < k8)
+      asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                   : "=r"(f.w[j].x), "=r"(f.w[j].y), "=r"(f.w[j].z), "=r"(f.w[j].w)
+                   : "l"(wr + lane + 32 * j));
+  }
+  return f;
+}
+
 // Every warp of the grid takes whole output rows: y[b][r] = W[r] . xs[b]. K must be a multiple
 // of 8 (16-byte weight loads). A lane issues the loads of MATVEC_DEPTH chunks before it uses the
-// first; the sum runs over the chunks in order. `emit(b, r, value)` is called by lane 0.
-#define MATVEC_DEPTH 4
+// first; the first batch of the warp's first row is `first` (first_chunks of the same W, rows,
+// K). The sum runs over the chunks in order. `emit(b, r, value)` is called by lane 0.
 template <typename Emit>
-__device__ void matvec(const bf16_t* W, int rows, int K, const float* xs, int nb, Emit emit) {
+__device__ void matvec(const bf16_t* W, int rows, int K, const float* xs, int nb,
+                       const FirstChunks& first, Emit emit) {
   const int warp = tid() >> 5, lane = tid() & 31;
   const int total_warps = gridDim.x * WARPS;
   const int k8 = K >> 3;
-  for (int r = bid() * WARPS + warp; r < rows; r += total_warps) {
+  float acc[MAX_B];
+  // adds the chunks i0, i0 + 32, ... of one batch to acc
+  auto consume = [&](const uint4* w, int i0) {
+#pragma unroll
+    for (int j = 0; j < MATVEC_DEPTH; j++) {
+      const int i = i0 + 32 * j;
+      if (i >= k8) continue;
+      const float w0 = bf_lo(w[j].x), w1 = bf_hi(w[j].x), w2 = bf_lo(w[j].y), w3 = bf_hi(w[j].y);
+      const float w4 = bf_lo(w[j].z), w5 = bf_hi(w[j].z), w6 = bf_lo(w[j].w), w7 = bf_hi(w[j].w);
+#pragma unroll
+      for (int b = 0; b < MAX_B; b++) {
+        if (b < nb) {
+          const float4* xv = reinterpret_cast<const float4*>(xs + b * K + i * 8);
+          const float4 a = xv[0], c = xv[1];
+          acc[b] += w0 * a.x + w1 * a.y + w2 * a.z + w3 * a.w + w4 * c.x + w5 * c.y + w6 * c.z +
+                    w7 * c.w;
+        }
+      }
+    }
+  };
+  // one row; its first batch is `first` for the warp's first row
+  auto row = [&](int r, bool first_row) {
     const uint4* wr = reinterpret_cast<const uint4*>(W + (size_t)r * K);
-    float acc[MAX_B];
 #pragma unroll
     for (int b = 0; b < MAX_B; b++) acc[b] = 0.f;
-    for (int i0 = lane; i0 < k8; i0 += 32 * MATVEC_DEPTH) {
+    int i0 = lane;
+    if (first_row) {
+      consume(first.w, i0);
+      i0 += 32 * MATVEC_DEPTH;
+    }
+    for (; i0 < k8; i0 += 32 * MATVEC_DEPTH) {
       uint4 w[MATVEC_DEPTH];
 #pragma unroll
       for (int j = 0; j < MATVEC_DEPTH; j++)
         if (i0 + 32 * j < k8) w[j] = ld_weights(wr + i0 + 32 * j);
-#pragma unroll
-      for (int j = 0; j < MATVEC_DEPTH; j++) {
-        const int i = i0 + 32 * j;
-        if (i >= k8) continue;
-        const float w0 = bf_lo(w[j].x), w1 = bf_hi(w[j].x), w2 = bf_lo(w[j].y), w3 = bf_hi(w[j].y);
-        const float w4 = bf_lo(w[j].z), w5 = bf_hi(w[j].z), w6 = bf_lo(w[j].w), w7 = bf_hi(w[j].w);
-#pragma unroll
-        for (int b = 0; b < MAX_B; b++) {
-          if (b < nb) {
-            const float4* xv = reinterpret_cast<const float4*>(xs + b * K + i * 8);
-            const float4 a = xv[0], c = xv[1];
-            acc[b] += w0 * a.x + w1 * a.y + w2 * a.z + w3 * a.w + w4 * c.x + w5 * c.y + w6 * c.z +
-                      w7 * c.w;
-          }
-        }
-      }
+      consume(w, i0);
     }
 #pragma unroll
     for (int b = 0; b < MAX_B; b++) {
@@ -275,68 +325,10 @@ __device__ void matvec(const bf16_t* W, int rows, int K, const float* xs, int nb
         if (lane == 0) emit(b, r, v);
       }
     }
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// weight stream: blocks a phase leaves idle ask L2 for the weights of the matvecs ahead
-
-struct Span {
-  const bf16_t* w;
-  size_t bytes;
-};
-
-// which: 0 q|k|v, 1 o_proj, 2 gate|up, 3 down.
-__device__ Span layer_span(const Stack& s, int layer, int which) {
-  const LayerW& lw = s.layers[layer];
-  const size_t H = s.hidden, inter = s.inter;
-  const size_t qw = (size_t)s.n_heads * s.head_dim, kvw = (size_t)s.n_kv * s.head_dim;
-  if (which == 0) return {lw.qkv, 2 * (qw + 2 * kvw) * H};
-  if (which == 1) return {lw.o, 2 * H * qw};
-  if (which == 2) return {lw.gate_up, 2 * 2 * inter * H};
-  return {lw.down, 2 * H * inter};
-}
-
-// The first matrix of a code-predictor pass: the projection when the checkpoint has one, else
-// layer 0's q|k|v.
-__device__ Span cp_pass_start(const Params& p) {
-  if (p.proj_w) return {p.proj_w, 2 * (size_t)p.cp.hidden * p.talker.hidden};
-  return layer_span(p.cp, 0, 0);
-}
-
-// The blocks from `first_block` on (those the phase gives no work) ask L2 for `s`, their warps
-// splitting it evenly: its bytes then stream from device memory while the phase's work and the
-// next barrier run, and the matvec that needs them reads L2. A hint: nothing waits for it.
-// L2_PREFETCH_BULK issues one copy-engine request per warp, L2_PREFETCH_LINES one prefetch per
-// 128-byte line from every lane.
-#define L2_PREFETCH_OFF 0
-#define L2_PREFETCH_BULK 1
-#define L2_PREFETCH_LINES 2
-#define PREFETCH_PIECE 16384  // bytes one warp asks for at a time
-__device__ void prefetch_l2(const Params& p, Span s, int first_block) {
-  if (p.l2_prefetch == L2_PREFETCH_OFF || bid() < first_block) return;
-  const int warp = tid() >> 5, lane = tid() & 31;
-  const u32 bytes = (u32)s.bytes;  // < 4 GiB: one weight matrix
-  const u32 warps = (gridDim.x - first_block) * WARPS;
-  for (u32 begin = ((bid() - first_block) * WARPS + warp) * PREFETCH_PIECE; begin < bytes;
-       begin += warps * PREFETCH_PIECE) {
-    const u32 len = bytes - begin < PREFETCH_PIECE ? bytes - begin : PREFETCH_PIECE;
-    const char* at = reinterpret_cast<const char*>(s.w) + begin;
-#if __CUDA_ARCH__ >= 900
-    if (p.l2_prefetch == L2_PREFETCH_BULK) {
-      // sizes are multiples of 16 bytes, as the copy engine needs
-      if (lane == 0)
-        asm volatile(
-            "{\n .reg .u64 g;\n cvta.to.global.u64 g, %0;\n"
-            " cp.async.bulk.prefetch.L2.global [g], %1;\n}" ::"l"(at),
-            "r"(len)
-            : "memory");
-      continue;
-    }
-#endif
-    for (u32 o = lane * 128; o < len; o += 32 * 128)
-      asm volatile("prefetch.L2 [%0];" ::"l"(at + o) : "memory");
-  }
+  };
+  int r = bid() * WARPS + warp;
+  if (r < rows) row(r, true);
+  for (r += total_warps; r < rows; r += total_warps) row(r, false);
 }
 
 // What every phase function needs to synchronise with the rest of the grid.
@@ -373,7 +365,6 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
   const int hd = s.head_dim, half = hd / 2, gs = s.n_heads / s.n_kv;
   const int q_width = s.n_heads * hd, kv_width = s.n_kv * hd;
   const int warp = tid() >> 5, lane = tid() & 31;
-  const float scale = rsqrtf((float)hd);
   float* vec = work;                             // [gs + 1][hd]: k, then the group's q heads
   float* wm = vec + (gs + 1) * hd;               // [HEADS_PER_PASS][WARPS]
   float* wl = wm + HEADS_PER_PASS * WARPS;       // [HEADS_PER_PASS][WARPS]
@@ -391,7 +382,7 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
     const LayerW& lw = s.layers[layer];
     if (warp <= gs) {
       // the rotation's loads go out with the row's, not after it
-      const float2* rope = s.rope + (size_t)pos * half;
+      const float2* rope = s.rope + pos * half;
       float2 rot[HEAD_REGS / 2];
 #pragma unroll
       for (int j = 0; j < HEAD_REGS / 2; j++) {
@@ -449,6 +440,7 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
           }
         }
       };
+      const float scale = rsqrtf((float)hd);
       if (first + warp <= end) load_kv(first + warp);
       for (int t = first + warp; t <= end; t += WARPS) {
         float kt[HEAD_REGS], vt[HEAD_REGS];
@@ -550,73 +542,55 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
   }
 }
 
-// What the launch streams after a stack's last layer, asked into L2 by the blocks from
-// `first_block` on. `step` = the predictor pass, or -1 for the talker.
-__device__ void prefetch_after_layers(const Params& p, int step, int first_block) {
-  if (step < 0) {
-    prefetch_l2(p, Span{p.codec_head, 2 * (size_t)p.vocab * p.talker.hidden}, first_block);
-    // the next frame's first matrix: it stays in L2 until that launch
-    if (p.mode == MODE_FRAME) prefetch_l2(p, cp_pass_start(p), first_block);
-    return;
-  }
-  const size_t head = (size_t)p.cp_vocab * p.cp.hidden;
-  if (step > 0) prefetch_l2(p, Span{p.cp_heads + (size_t)(step - 1) * head, 2 * head}, first_block);
-  prefetch_l2(p, step + 1 < p.groups ? cp_pass_start(p) : layer_span(p.talker, 0, 0), first_block);
-}
-
 // One decoder layer for nb single-token rows held in `x` (global, stride max_hidden): `step` is
-// the predictor pass, or -1 for the talker. Blocks a phase leaves idle ask L2 for the weights
-// ahead: the attention's for o_proj and gate|up, o_proj's for down, down's for the next layer's
-// q|k|v or, after the last layer, what follows it.
-__device__ void layer_step(const Params& p, const Stack& s, int step, int layer, int nb,
-                           const int* cache_idx, const int* pos_of, float* xs, float* red,
-                           float* work, Launch& L) {
+// the predictor pass, or -1 for the talker. Each matvec's first weights are loaded while the
+// barrier before it is waited for (`first_qkv`: by the layer before; the next layer's are
+// returned).
+__device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int layer, int nb,
+                                  const int* cache_idx, const int* pos_of, float* xs, float* red,
+                                  float* work, Launch& L, FirstChunks first_qkv) {
   const int stack = step < 0 ? PH_TALKER : 0;  // profile tag
   const int chunks = step < 0 ? p.talker_chunks : attention_chunks(p, step);
   const LayerW& lw = s.layers[layer];
-  const int H = s.hidden, qw = s.n_heads * s.head_dim, kvw = s.n_kv * s.head_dim;
-  // blocks holding a row of an H-row matvec (o_proj, down); the rest are idle there
-  const int h_blocks = (H + WARPS - 1) / WARPS;
+  const int H = s.hidden, qw = s.n_heads * s.head_dim;
   float* x = p.x;
   rmsnorm_rows(x, p.max_hidden, H, lw.in_norm, s.eps, nb, xs, red);
   float* qkv = p.qkv;
   const int max_qkv = p.max_qkv;
-  matvec(lw.qkv, qw + 2 * kvw, H, xs, nb,
+  matvec(lw.qkv, s.qkv_rows(), H, xs, nb, first_qkv,
          [&](int b, int r, float v) { qkv[(size_t)b * max_qkv + r] = v; });
   L.bar.sync(p, stack | PH_QKV);
-  const int attention_tasks = nb * s.n_kv * chunks;
-  if (bid() >= attention_tasks) {
-    prefetch_l2(p, layer_span(s, layer, 1), attention_tasks);
-    prefetch_l2(p, layer_span(s, layer, 2), attention_tasks);
-  }
   attention(p, s, layer, nb, cache_idx, pos_of, work, chunks);
-  L.bar.sync(p, stack | PH_ATTENTION);
-  if (bid() >= h_blocks) prefetch_l2(p, layer_span(s, layer, 3), h_blocks);
+  L.bar.arrive(p);
+  FirstChunks first = first_chunks(lw.o, H, qw);
+  L.bar.wait(p, stack | PH_ATTENTION);
   load_rows(p.attn, p.max_q, qw, nb, xs);
   const int max_hidden = p.max_hidden;
-  matvec(lw.o, H, qw, xs, nb, [&](int b, int r, float v) { x[(size_t)b * max_hidden + r] += v; });
-  L.bar.sync(p, stack | PH_O);
+  matvec(lw.o, H, qw, xs, nb, first,
+         [&](int b, int r, float v) { x[(size_t)b * max_hidden + r] += v; });
+  L.bar.arrive(p);
+  first = first_chunks(lw.gate_up, 2 * s.inter, H);
+  L.bar.wait(p, stack | PH_O);
   rmsnorm_rows(x, p.max_hidden, H, lw.post_norm, s.eps, nb, xs, red);
   float* gu = p.gate_up;
   const int gu_stride = 2 * p.max_inter;
-  matvec(lw.gate_up, 2 * s.inter, H, xs, nb,
+  matvec(lw.gate_up, 2 * s.inter, H, xs, nb, first,
          [&](int b, int r, float v) { gu[(size_t)b * gu_stride + r] = v; });
-  L.bar.sync(p, stack | PH_GATE_UP);
-  if (bid() >= h_blocks) {
-    if (layer + 1 < s.n_layers)
-      prefetch_l2(p, layer_span(s, layer + 1, 0), h_blocks);
-    else
-      prefetch_after_layers(p, step, h_blocks);
-  }
+  L.bar.arrive(p);
+  first = first_chunks(lw.down, H, s.inter);
+  L.bar.wait(p, stack | PH_GATE_UP);
   for (int b = 0; b < nb; b++)
     for (int i = tid(); i < s.inter; i += THREADS) {
       const float gt = gu[(size_t)b * gu_stride + i], up = gu[(size_t)b * gu_stride + s.inter + i];
       xs[b * s.inter + i] = gt / (1.f + expf(-gt)) * up;
     }
   __syncthreads();
-  matvec(lw.down, H, s.inter, xs, nb,
+  matvec(lw.down, H, s.inter, xs, nb, first,
          [&](int b, int r, float v) { x[(size_t)b * max_hidden + r] += v; });
-  L.bar.sync(p, stack | PH_DOWN);
+  L.bar.arrive(p);
+  if (layer + 1 < s.n_layers) first = first_chunks(s.layers[layer + 1].qkv, s.qkv_rows(), H);
+  L.bar.wait(p, stack | PH_DOWN);
+  return first;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -873,7 +847,7 @@ __device__ void cp_input(const Params& p, int nb, Src src, float* xs, Launch& L)
       for (int i = tid(); i < H; i += THREADS) xs[b * H + i] = src(b, i);
     __syncthreads();
     const bf16_t* bias = p.proj_b;
-    matvec(p.proj_w, p.cp.hidden, H, xs, nb,
+    matvec(p.proj_w, p.cp.hidden, H, xs, nb, first_chunks(p.proj_w, p.cp.hidden, H),
            [&](int b, int r, float v) { x[(size_t)b * max_hidden + r] = v + bf2f(bias[r]); });
   } else if (bid() == 0) {
     for (int b = 0; b < nb; b++)
@@ -891,7 +865,8 @@ __device__ __forceinline__ const bf16_t* cp_embedding_row(const Params& p, int t
 __device__ void norm_and_head(const Params& p, const Stack& s, const bf16_t* head, int vocab,
                               float* out_of_b[MAX_B], int nb, float* xs, float* red, Launch& L) {
   rmsnorm_rows(p.x, p.max_hidden, s.hidden, s.final_norm, s.eps, nb, xs, red);
-  matvec(head, vocab, s.hidden, xs, nb, [&](int b, int r, float v) { out_of_b[b][r] = v; });
+  matvec(head, vocab, s.hidden, xs, nb, first_chunks(head, vocab, s.hidden),
+         [&](int b, int r, float v) { out_of_b[b][r] = v; });
 }
 
 // FRAME(codes) + the next trailing text row (the last trailing row is tts_pad), into x[b].
@@ -935,8 +910,10 @@ __device__ void code_predictor(const Params& p, int nb, float* xs, float* red, i
                },
                xs, L);
     }
+    FirstChunks first_qkv = first_chunks(s.layers[0].qkv, s.qkv_rows(), s.hidden);
     for (int layer = 0; layer < s.n_layers; layer++)
-      layer_step(p, s, step, layer, nb, cache_idx, pos_of, xs, red, work, L);
+      first_qkv =
+          layer_step(p, s, step, layer, nb, cache_idx, pos_of, xs, red, work, L, first_qkv);
     if (step == 0) continue;
     norm_and_head(p, s, p.cp_heads + (size_t)(step - 1) * p.cp_vocab * s.hidden, p.cp_vocab,
                   logits_of, nb, xs, red, L);
@@ -970,7 +947,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) frame_kernel(const Para
   float* red = xs + p.smem_x_floats;
   int* redi = reinterpret_cast<int*>(red + 32);
   float* work = red + 64;
-  Launch L{GridBarrier{0u, 0}};
+  Launch L{GridBarrier{0u}};
   L.bar.mark(p, PH_START);
   const int nb = p.batch;
   const int H = p.talker.hidden;
@@ -990,8 +967,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) frame_kernel(const Para
     L.bar.sync(p, PH_TALKER | PH_INPUT);
   }
 
+  FirstChunks first_qkv = first_chunks(p.talker.layers[0].qkv, p.talker.qkv_rows(), H);
   for (int layer = 0; layer < p.talker.n_layers; layer++)
-    layer_step(p, p.talker, -1, layer, nb, p.slot, p.pos, xs, red, work, L);
+    first_qkv =
+        layer_step(p, p.talker, -1, layer, nb, p.slot, p.pos, xs, red, work, L, first_qkv);
 
   if (p.mode == MODE_PREFILL && !p.prefill_last) return;
   float* logits_of[MAX_B];

@@ -17,8 +17,8 @@ use voxkernel_core::sampling::{SamplerParams, SamplingConfig};
 
 use crate::layout::{
     BLOCK_THREADS, BLOCK_WARPS, CODE_WORDS, CODEC_ID, CODEC_NONE, CODEC_REFERENCE, CODEC_SPEAKER,
-    EmbedParams, FrameParams, HEADS_PER_PASS, HIST_WORDS, L2_PREFETCH_BULK, L2_PREFETCH_LINES,
-    L2_PREFETCH_OFF, MAX_BATCH, MAX_HEAD_DIM, MODE_FRAME, MODE_PREFILL, OWN_CODES, Sampler, Stack,
+    EmbedParams, FrameParams, HEADS_PER_PASS, HIST_WORDS, MAX_BATCH, MAX_HEAD_DIM, MODE_FRAME,
+    MODE_PREFILL, OWN_CODES, Sampler, Stack,
 };
 use crate::runtime;
 use crate::weights::{DeviceWeights, Geometry, StackGeometry};
@@ -30,9 +30,6 @@ pub struct CudaOptions {
     pub max_slots: usize,
     /// Talker positions per sequence: prefill rows + frames. Also bounds the trailing text rows.
     pub max_len: usize,
-    /// How the blocks a phase leaves idle ask L2 for the weights of the matvecs ahead, so that
-    /// those stream from memory during the phases before their own.
-    pub l2_prefetch: L2Prefetch,
     /// Positions per attention block (0 = all of a sequence's in one block per kv head): long
     /// contexts then spread over more SMs.
     pub attention_chunk: usize,
@@ -43,40 +40,7 @@ impl Default for CudaOptions {
         Self {
             max_slots: 4,
             max_len: 2048,
-            l2_prefetch: L2Prefetch::Bulk,
             attention_chunk: 64,
-        }
-    }
-}
-
-/// How idle blocks ask L2 for weights ahead of their use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum L2Prefetch {
-    Off,
-    /// One copy-engine request (`cp.async.bulk.prefetch.L2`) per warp and 16 KiB.
-    Bulk,
-    /// One `prefetch.L2` per 128-byte line, from every lane.
-    Lines,
-}
-
-impl L2Prefetch {
-    fn kernel_value(self) -> i32 {
-        match self {
-            L2Prefetch::Off => L2_PREFETCH_OFF,
-            L2Prefetch::Bulk => L2_PREFETCH_BULK,
-            L2Prefetch::Lines => L2_PREFETCH_LINES,
-        }
-    }
-}
-
-impl std::str::FromStr for L2Prefetch {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "off" => Ok(L2Prefetch::Off),
-            "bulk" => Ok(L2Prefetch::Bulk),
-            "lines" => Ok(L2Prefetch::Lines),
-            other => bail!("l2 prefetch {other:?}: valid values are off, bulk, lines"),
         }
     }
 }
@@ -418,7 +382,6 @@ impl CudaBackend {
             barrier: ptr(&bufs.barrier, s),
             vocab: geometry.vocab as i32,
             max_marks: max_marks as i32,
-            l2_prefetch: options.l2_prefetch.kernel_value(),
             attention_chunk: options.attention_chunk as i32,
             attn_part_stride: attn_part_stride as i32,
             cp_vocab: geometry.cp_vocab as i32,

@@ -18,7 +18,7 @@ use voxkernel_core::sampling::{SamplerParams, SamplingConfig};
 
 use crate::backend::PhaseMark;
 use crate::layout::{PHASE_NAMES, PHASE_TALKER};
-use crate::{CudaBackend, CudaOptions, L2Prefetch};
+use crate::{CudaBackend, CudaOptions};
 
 /// Device-to-device copy bandwidth in GB/s over `bytes`-sized buffers, counting bytes read and
 /// written (the convention of the ~3.0 TB/s H100 figure the floor in megakernel-notes.md uses).
@@ -179,7 +179,6 @@ pub struct FrameBenchReport {
     pub copy_gbs: f64,
     pub floor_ms: f64,
     pub ratio_to_floor: f64,
-    pub l2_prefetch: L2Prefetch,
     pub attention_chunk: usize,
     pub prefill_rows: usize,
     pub prefill_ms: f64,
@@ -200,7 +199,6 @@ impl FrameBenchReport {
             "copy_gbs": round(self.copy_gbs, 1),
             "floor_ms": round(self.floor_ms, 4),
             "ratio_to_floor": round(self.ratio_to_floor, 3),
-            "l2_prefetch": format!("{:?}", self.l2_prefetch).to_lowercase(),
             "attention_chunk": self.attention_chunk,
             "prefill_rows": self.prefill_rows,
             "prefill_ms": round(self.prefill_ms, 3),
@@ -324,7 +322,6 @@ pub fn run_frame_bench(model: &Path, cfg: &FrameBench) -> Result<FrameBenchRepor
         copy_gbs,
         floor_ms,
         ratio_to_floor: p50 / floor_ms,
-        l2_prefetch: backend.options().l2_prefetch,
         attention_chunk: backend.options().attention_chunk,
         prefill_rows,
         prefill_ms,

@@ -21,10 +21,6 @@ pub const HEADS_PER_PASS: usize = 2;
 pub const HIST_WORDS: usize = 264;
 /// Largest head_dim the attention's registers hold (`MAX_HEAD_DIM` in the kernel).
 pub const MAX_HEAD_DIM: usize = 128;
-/// `l2_prefetch` values (`L2_PREFETCH_*` in the kernel).
-pub const L2_PREFETCH_OFF: i32 = 0;
-pub const L2_PREFETCH_BULK: i32 = 1;
-pub const L2_PREFETCH_LINES: i32 = 2;
 
 /// Phase tags of the profile marks (`PH_*` in the kernel): the phase whose end a mark records,
 /// with [`PHASE_TALKER`] set for the talker stack.
@@ -116,7 +112,6 @@ pub struct FrameParams {
     pub prefill_last: i32,
     pub forced: i32,
     pub max_marks: i32,
-    pub l2_prefetch: i32,
     pub attention_chunk: i32,
     pub attn_part_stride: i32,
     pub talker_chunks: i32,
@@ -178,7 +173,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<Sampler>(), 20);
         assert_eq!(std::mem::size_of::<EmbedParams>(), 11 * 8 + 6 * 4);
         let frame =
-            2 * 72 + 21 * 8 + 20 * 4 + 8 * 4 * MAX_BATCH + 2 * 20 * MAX_BATCH + 17 * 4 * MAX_BATCH;
+            2 * 72 + 21 * 8 + 19 * 4 + 8 * 4 * MAX_BATCH + 2 * 20 * MAX_BATCH + 17 * 4 * MAX_BATCH;
         assert_eq!(
             std::mem::size_of::<FrameParams>(),
             frame.next_multiple_of(8)

@@ -11,7 +11,7 @@ mod layout;
 pub mod runtime;
 pub mod weights;
 
-pub use backend::{CudaBackend, CudaOptions, ForcedStep, L2Prefetch, PhaseMark};
+pub use backend::{CudaBackend, CudaOptions, ForcedStep, PhaseMark};
 pub use codec::{CudaCodec, CudaCodecOptions};
 pub use layout::{MAX_BATCH, PHASE_NAMES, PHASE_TALKER};
 pub use runtime::driver_available;

@@ -16,7 +16,7 @@ use voxkernel_core::sampling::{
     SamplerParams, SamplingConfig, TalkerLogitRules, apply_repetition_penalty, apply_temperature,
     mask_eos_before_min_tokens, philox4x32_10, suppress_control_tokens, top_k_filter, top_p_filter,
 };
-use voxkernel_cuda::{CudaBackend, CudaOptions, L2Prefetch, driver_available};
+use voxkernel_cuda::{CudaBackend, CudaOptions, driver_available};
 
 /// Codebook-0 logits must agree with the official float32 run to this relative error
 /// (max |diff| / max |official|); the kernel reads the same bf16 weights and keeps f32 activations.
@@ -192,24 +192,22 @@ fn options() -> CudaOptions {
 }
 
 /// Kernel configurations that must give the same results: the default; attention chunks of 4
-/// positions (several per sequence even on the tiny fixtures, so the chunks' merge runs) with
-/// per-line L2 prefetch; one attention block per (sequence, kv head) and no prefetch.
+/// positions (several per sequence even on the tiny fixtures, so the chunks' merge runs); one
+/// attention block per (sequence, kv head).
 fn variants() -> [(&'static str, CudaOptions); 3] {
     [
         ("default", options()),
         (
-            "chunk 4, lines",
+            "chunk 4",
             CudaOptions {
                 attention_chunk: 4,
-                l2_prefetch: L2Prefetch::Lines,
                 ..options()
             },
         ),
         (
-            "chunk 0, off",
+            "chunk 0",
             CudaOptions {
                 attention_chunk: 0,
-                l2_prefetch: L2Prefetch::Off,
                 ..options()
             },
         ),

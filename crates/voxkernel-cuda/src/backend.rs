@@ -211,12 +211,6 @@ impl CudaBackend {
     pub fn new(checkpoint: &Checkpoint, options: CudaOptions) -> Result<Self> {
         ensure!(options.max_slots > 0, "max_slots must be at least 1");
         ensure!(options.max_len > 1, "max_len must be at least 2");
-        ensure!(
-            options.attention_chunk <= options.max_len,
-            "attention_chunk = {}: at most max_len ({})",
-            options.attention_chunk,
-            options.max_len
-        );
         let geometry = Geometry::from_checkpoint(checkpoint)?;
         let ctx = runtime::open_device()?;
         let stream = ctx.default_stream();

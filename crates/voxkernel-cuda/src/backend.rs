@@ -230,7 +230,9 @@ impl CudaBackend {
         let max_marks = 1 + g * (3 + 5 * c.layers) + 5 * t.layers + 3;
         // attention partials: per sequence, every q head's chunks (the talker's positions or the
         // predictor's groups, whichever needs more), each head_dim outputs + max + denominator
-        let max_chunks = match options.attention_chunk {
+        // a chunk as long as the cache is one chunk (and keeps the kernel's int in range)
+        let attention_chunk = options.attention_chunk.min(max_len.max(g));
+        let max_chunks = match attention_chunk {
             0 => 1,
             chunk => max_len.max(g).div_ceil(chunk),
         };
@@ -376,7 +378,7 @@ impl CudaBackend {
             barrier: ptr(&bufs.barrier, s),
             vocab: geometry.vocab as i32,
             max_marks: max_marks as i32,
-            attention_chunk: options.attention_chunk as i32,
+            attention_chunk: attention_chunk as i32,
             attn_part_stride: attn_part_stride as i32,
             cp_vocab: geometry.cp_vocab as i32,
             groups: g as i32,

@@ -40,6 +40,7 @@ pub fn frame_backend(
         let options = voxkernel_cuda::CudaOptions {
             max_slots: slots,
             max_len,
+            ..Default::default()
         };
         Ok(Box::new(voxkernel_cuda::CudaBackend::new(
             &model.checkpoint,

@@ -13,8 +13,8 @@ mod layout;
 pub mod runtime;
 pub mod weights;
 
-pub use backend::{CudaBackend, CudaOptions, ForcedStep};
+pub use backend::{CudaBackend, CudaOptions, ForcedStep, PhaseMark};
 pub use codec::{CudaCodec, CudaCodecOptions};
 pub use encoder::CudaVoiceEncoder;
-pub use layout::MAX_BATCH;
+pub use layout::{MAX_BATCH, PHASE_NAMES, PHASE_TALKER};
 pub use runtime::driver_available;

@@ -31,6 +31,7 @@ fn engine(model: &Arc<Model>, max_active: usize) -> Engine {
         CudaOptions {
             max_slots: max_active,
             max_len: 256,
+            ..Default::default()
         },
     )
     .unwrap();

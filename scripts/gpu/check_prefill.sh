@@ -8,6 +8,7 @@
 #    reference, batched against solo, host-timed prefill of 1, 4 and 16 prompts of 40 rows.
 # 3. (PROFILE=1, the default) ncu: GPU time per kernel of one 1 x 40 and one 16 x 40 prefill.
 # 4. `voxkernel bench --e2e --concurrency 1,4,16`: time to first audio through the engine.
+# TESTS_ONLY=1 stops after step 1.
 set -u
 G=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}
@@ -31,6 +32,8 @@ for t in unit prefill parity engine_gpu; do
     > "$OUT/tests-$t.log"
   grep -E 'test result|panicked|FAILED|rel err|product n' "$OUT/tests-$t.log" | head -40
 done
+
+[ "${TESTS_ONLY:-0}" = 1 ] && exit 0
 
 echo "== full-size 0.6B CustomVoice checkpoint (random weights, no EOS)"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$G"/whl/*.whl || exit 1

@@ -65,7 +65,7 @@ fn main() -> Result<()> {
     let options = CudaOptions {
         max_slots: 1,
         max_len: rows + codes.len() + 8,
-        ..CudaOptions::default()
+        ..Default::default()
     };
     let mut backend = CudaBackend::new(&ckpt, options)?;
 

@@ -317,7 +317,7 @@ struct Rows {
   const bf16_t* weight;  // a norm's weight
   const bf16_t* q_norm;
   const bf16_t* k_norm;
-  const float* inv_freq;  // [head_dim / 2]
+  const float2* rope;     // [max_len][head_dim / 2]: cos and sin of pos * inv_freq[i]
   float* q;               // [rows][n_heads * head_dim], normed and rotated
   float* k_cache;         // [slots][layers][n_kv][max_len][head_dim]
   float* v_cache;
@@ -429,10 +429,10 @@ extern "C" __global__ void __launch_bounds__(ROPE_WARPS * 32) qk_rope(const Rows
       for (int j = 0; j < MAX_HEAD_DIM / 32; j++)
         if (lane + 32 * j < hd) vdst[lane + 32 * j] = values[j];
     }
+    // The frame kernel's table, so that the prefill's keys are rotated exactly as its queries.
+    const float2* rot = p.rope + (i64)pos * half;
     for (int i = lane; i < half; i += 32) {
-      const float f = (float)pos * p.inv_freq[i];
-      float sn, cs;
-      sincosf(f, &sn, &cs);
+      const float cs = rot[i].x, sn = rot[i].y;
       const float a = v[i], c = v[i + half];
       dst[i] = a * cs - c * sn;
       dst[i + half] = c * cs + a * sn;

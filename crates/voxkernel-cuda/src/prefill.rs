@@ -46,6 +46,16 @@ pub(crate) struct TextRow {
     pub codec: Codec,
 }
 
+/// The talker's device state the prefill writes and reads, owned by the backend.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TalkerState {
+    /// `[slots][layers][n_kv][max_len][head_dim]` each.
+    pub k_cache: u64,
+    pub v_cache: u64,
+    /// `[max_len][head_dim / 2]` (cos, sin): the frame kernel's RoPE table.
+    pub rope: u64,
+}
+
 /// A run of one sequence's rows within a talker pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Segment {
@@ -169,8 +179,7 @@ pub(crate) struct Prefill {
     geometry: Geometry,
     weights: WeightPointers,
     layers: Vec<LayerPointers>,
-    k_cache: u64,
-    v_cache: u64,
+    talker: TalkerState,
     max_len: usize,
     max_rows: usize,
     /// Floats of `part`: a product over `rows` rows and `n` outputs gets at most
@@ -231,14 +240,13 @@ pub(crate) fn plan_splits(
 }
 
 impl Prefill {
-    /// `caches`: the talker's K and V caches (`[slots][layers][n_kv][max_len][head_dim]`),
-    /// laid out for `options`.
+    /// `talker`: the caches and RoPE table, laid out for `options`.
     pub(crate) fn new(
         ctx: &Arc<CudaContext>,
         stream: &Arc<CudaStream>,
         geometry: &Geometry,
         weights: &DeviceWeights,
-        caches: (u64, u64),
+        talker: TalkerState,
         options: &CudaOptions,
     ) -> Result<Self> {
         let (max_len, max_slots, max_rows) =
@@ -326,8 +334,7 @@ impl Prefill {
             geometry: *geometry,
             weights: weights.ptr,
             layers: weights.talker_layers.clone(),
-            k_cache: caches.0,
-            v_cache: caches.1,
+            talker,
             max_len,
             max_rows,
             part_floats,
@@ -561,10 +568,10 @@ impl Prefill {
             weight: self.layers[0][LAYER_IN_NORM],
             q_norm: 0,
             k_norm: 0,
-            inv_freq: self.weights.talker_inv_freq,
+            rope: self.talker.rope,
             q: self.at.q,
-            k_cache: self.k_cache,
-            v_cache: self.v_cache,
+            k_cache: self.talker.k_cache,
+            v_cache: self.talker.v_cache,
             head: 0,
             segments: segments_ptr,
             row_segment: row_segment_ptr,

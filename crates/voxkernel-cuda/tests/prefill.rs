@@ -132,6 +132,7 @@ fn backend(model: &Model, slots: usize, max_prefill_rows: usize) -> CudaBackend 
             max_slots: slots,
             max_len: 256,
             max_prefill_rows,
+            ..CudaOptions::default()
         },
     )
     .unwrap()

@@ -1,38 +1,60 @@
 #!/bin/bash
-# The end-to-end comparison for the GPU machine (no Rust there): one random full-size 0.6B
-# CustomVoice checkpoint without EOS, then `voxkernel bench --e2e` and the peers
-# (run_peers.sh: official qwen-tts and faster-qwen3-tts) on it, then the ratios.
-# Run from the repo root with the carried folder laid out by scripts/gpu/pack_e2e.sh:
-#   bash .gpu-e2e/e2e.sh
+# The GPU machine's whole check (no Rust there), from the repo root (the tiny fixtures are read
+# from tests/fixtures) with the folder laid out by scripts/gpu/pack_e2e.sh:
+#   PART=tests bash .gpu-e2e/e2e.sh   every GPU test, then `voxkernel bench --model` (frame kernel)
+#   PART=e2e bash .gpu-e2e/e2e.sh     the peers (run_peers.sh: official qwen-tts, faster-qwen3-tts)
+#                                     and `voxkernel bench --e2e` on the same checkpoint, ratios
+# Without PART, both. Both parts use one random full-size 0.6B CustomVoice checkpoint without EOS
+# (/tmp/ckpt06, made by the first part that needs it; the machine keeps it while warm).
 set -u
 G=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+PART=${PART:-all}
 FRAMES=${FRAMES:-100}
 NVRTC=$(find / -name 'libnvrtc.so.13' -not -path '/proc/*' 2>/dev/null | head -1)
 export LD_LIBRARY_PATH="$(dirname "$NVRTC"):${LD_LIBRARY_PATH:-}"
 export XDG_CACHE_HOME=/tmp/vkcache PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-mkdir -p /tmp/vkbin && for f in "$G"/bin/*.xz; do
-  python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$f" "/tmp/vkbin/$(basename "$f" .xz)"
+B=/tmp/vkbin
+mkdir -p $B && for f in "$G"/bin/*.xz; do
+  [ -x "$B/$(basename "$f" .xz)" ] || python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$f" "$B/$(basename "$f" .xz)"
 done
-chmod +x /tmp/vkbin/*
+chmod +x $B/*
+[ -d "$G/reference" ] || tar -C "$G" -xJf "$G/reference.tar.xz"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-export CKPT=/tmp/ckpt06 OUT FRAMES
+export CKPT=/tmp/ckpt06 OUT FRAMES VOXKERNEL_FIXTURES="$PWD/tests/fixtures/parity"
 
-echo "== GPU engine tests (tiny checkpoint): concurrent == solo, streamed text == whole text"
-VOXKERNEL_FIXTURES="$PWD/tests/fixtures/parity" timeout 120 /tmp/vkbin/engine_gpu --include-ignored \
-  --test-threads=1 2>&1 | grep -E '^test |test result|panicked|differ' | tee "$OUT/engine_gpu.log"
+make_ckpt() {
+  [ -f "$CKPT/model.safetensors" ] && return
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site_off "$G"/wheels/official/*.whl "$G"/wheels/common/*.whl || exit 1
+  PYTHONPATH=/tmp/site_off timeout 300 python3 "$G/refcheck/make_ckpt.py" --out "$CKPT" --size 0.6b \
+    --type custom_voice --no-eos 2>&1 | tail -1
+}
 
-echo "== checkpoint + peers (official, faster-qwen3-tts), $FRAMES frames"
-rm -f "$OUT/peers.jsonl"
-SKIP_OFFICIAL=${SKIP_OFFICIAL:-0} bash "$G/refcheck/run_peers.sh" 2>&1 | tail -12
+if [ "$PART" != e2e ]; then
+  echo "== GPU tests (tiny fixtures)"
+  for t in unit parity codec engine prefill voice_encoder; do
+    VOXKERNEL_CLONE_FIXTURE="$PWD/tests/fixtures/clone/tiny-base" timeout 300 $B/$t --include-ignored \
+      --skip full_size --test-threads=1 2>&1 | tee "$OUT/test_$t.log" \
+      | grep -E 'test result|FAILED|panicked' | sed "s/^/$t: /"
+  done
+  make_ckpt
+  echo "== voxkernel bench --model (frame kernel, 300 frames)"
+  timeout 200 $B/voxkernel bench --model "$CKPT" --frames 300 2>&1 | tee "$OUT/bench_frame.log" | grep '^{'
+fi
 
-echo "== voxkernel bench --e2e"
-timeout 300 /tmp/vkbin/voxkernel bench --e2e --model "$CKPT" --backend cuda \
-  --concurrency "${CONCURRENCY:-1,4,16}" --frames "$FRAMES" --speaker ryan 2>&1 \
-  | tee "$OUT/voxkernel.log" | grep -v '^{' | tail -5
-grep '^{' "$OUT/voxkernel.log" > "$OUT/voxkernel.jsonl"
-cat "$OUT/voxkernel.jsonl"
-
-echo "== summary"
-python3 "$G/compare_peers.py" "$OUT/voxkernel.jsonl" "$OUT/peers.jsonl"
+if [ "$PART" != tests ]; then
+  make_ckpt
+  echo "== peers (official, faster-qwen3-tts), $FRAMES frames"
+  rm -f "$OUT/peers.jsonl"
+  SKIP_OFFICIAL=${SKIP_OFFICIAL:-0} WHEELS="$G/wheels" bash "$G/refcheck/run_peers.sh" 2>&1 | tail -12
+  echo "== voxkernel bench --e2e"
+  timeout 300 $B/voxkernel bench --e2e --model "$CKPT" --backend cuda \
+    --concurrency "${CONCURRENCY:-1,4,16}" --frames "$FRAMES" --speaker ryan 2>&1 \
+    | tee "$OUT/voxkernel.log" | grep -v '^{' | tail -5
+  grep '^{' "$OUT/voxkernel.log" > "$OUT/voxkernel.jsonl"
+  cat "$OUT/voxkernel.jsonl"
+  echo "== summary"
+  python3 "$G/compare_peers.py" "$OUT/voxkernel.jsonl" "$OUT/peers.jsonl"
+fi

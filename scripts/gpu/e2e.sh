@@ -1,11 +1,13 @@
 #!/bin/bash
 # The GPU machine's whole check (no Rust there), from the repo root (the tiny fixtures are read
 # from tests/fixtures) with the folder laid out by scripts/gpu/pack_e2e.sh:
-#   PART=tests bash .gpu-e2e/e2e.sh   every GPU test, then `voxkernel bench --model` (frame kernel)
-#   PART=e2e bash .gpu-e2e/e2e.sh     the peers (run_peers.sh: official qwen-tts, faster-qwen3-tts)
-#                                     and `voxkernel bench --e2e` on the same checkpoint, ratios
-# Without PART, both. Both parts use one random full-size 0.6B CustomVoice checkpoint without EOS
-# (/tmp/ckpt06, made by the first part that needs it; the machine keeps it while warm).
+#   PART=tests bash .gpu-e2e/e2e.sh   every GPU test (carry .gpu-e2e/bin and e2e.sh)
+#   PART=e2e bash .gpu-e2e/e2e.sh     on one random full-size 0.6B CustomVoice checkpoint without
+#                                     EOS: `voxkernel bench --model` (frame kernel), the peers
+#                                     (run_peers.sh: official qwen-tts, faster-qwen3-tts) and
+#                                     `voxkernel bench --e2e`, then the ratios (carry everything
+#                                     in .gpu-e2e but bin/: the two parts together are over the
+#                                     64 MiB a call can carry)
 set -u
 G=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}
@@ -16,11 +18,12 @@ NVRTC=$(find / -name 'libnvrtc.so.13' -not -path '/proc/*' 2>/dev/null | head -1
 export LD_LIBRARY_PATH="$(dirname "$NVRTC"):${LD_LIBRARY_PATH:-}"
 export XDG_CACHE_HOME=/tmp/vkcache PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 B=/tmp/vkbin
-mkdir -p $B && for f in "$G"/bin/*.xz; do
+mkdir -p $B && for f in "$G"/bin/*.xz "$G"/cli/*.xz; do
+  [ -f "$f" ] || continue
   [ -x "$B/$(basename "$f" .xz)" ] || python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$f" "$B/$(basename "$f" .xz)"
 done
 chmod +x $B/*
-[ -d "$G/reference" ] || tar -C "$G" -xJf "$G/reference.tar.xz"
+[ -f "$G/reference.tar.xz" ] && [ ! -d "$G/reference" ] && tar -C "$G" -xJf "$G/reference.tar.xz"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 export CKPT=/tmp/ckpt06 OUT FRAMES VOXKERNEL_FIXTURES="$PWD/tests/fixtures/parity"
 
@@ -39,13 +42,12 @@ if [ "$PART" != e2e ]; then
       --skip full_size --test-threads=1 2>&1 | tee "$OUT/test_$t.log" \
       | grep -E 'test result|FAILED|panicked' | sed "s/^/$t: /"
   done
-  make_ckpt
-  echo "== voxkernel bench --model (frame kernel, 300 frames)"
-  timeout 200 $B/voxkernel bench --model "$CKPT" --frames 300 2>&1 | tee "$OUT/bench_frame.log" | grep '^{'
 fi
 
 if [ "$PART" != tests ]; then
   make_ckpt
+  echo "== voxkernel bench --model (frame kernel, 300 frames)"
+  timeout 200 $B/voxkernel bench --model "$CKPT" --frames 300 2>&1 | tee "$OUT/bench_frame.log" | grep '^{'
   echo "== peers (official, faster-qwen3-tts), $FRAMES frames"
   rm -f "$OUT/peers.jsonl"
   SKIP_OFFICIAL=${SKIP_OFFICIAL:-0} WHEELS="$G/wheels" bash "$G/refcheck/run_peers.sh" 2>&1 | tail -12

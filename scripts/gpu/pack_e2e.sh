@@ -6,7 +6,7 @@ set -eu
 WT=$(cd "$(dirname "$0")/../.." && pwd)
 DEST=${DEST:-/work/main/.gpu-e2e}
 T=${CARGO_TARGET_DIR:-$WT/target}/release
-rm -rf "$DEST" && mkdir -p "$DEST"/{bin,refcheck,reference/checkpoints}
+rm -rf "$DEST" && mkdir -p "$DEST"/{bin,cli,refcheck,reference/checkpoints}
 test_binary() {
   (cd "$WT" && cargo test --release -p voxkernel-cuda "$@" --no-run 2>&1) \
     | grep -o 'target/release/deps/[a-z_]*-[0-9a-f]*' | head -1 | sed 's|^target/release/||'
@@ -15,10 +15,11 @@ cp "$T/$(test_binary --lib)" "$DEST/bin/unit"
 for t in parity codec engine prefill voice_encoder; do
   cp "$T/$(test_binary --test $t)" "$DEST/bin/$t"
 done
-cp "$T/voxkernel" "$DEST/bin/"
-strip "$DEST"/bin/*
-# The carried tree is limited to 64 MiB (the checkout itself is ~35): compress what can be.
-xz -T0 -9e "$DEST"/bin/*
+cp "$T/voxkernel" "$DEST/cli/"
+strip "$DEST"/bin/* "$DEST"/cli/*
+# The carried tree is limited to 64 MiB and the checkout itself is ~35: compress what can be, and
+# carry the test binaries (bin/) and the peers' wheels (wheels/) in separate calls (e2e.sh).
+xz -T0 -9e "$DEST"/bin/* "$DEST"/cli/*
 cp /work/shared/refcheck/{make_ckpt.py,run_peers.sh,bench_official.py,bench_faster.py} "$DEST/refcheck/"
 cp -a /work/shared/reference/tokenizer "$DEST/reference/"
 cp /work/shared/reference/checkpoints/*.json "$DEST/reference/checkpoints/"

@@ -1,6 +1,6 @@
 //! `voxkernel serve`: the engine behind the HTTP and WebSocket server.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,6 +40,16 @@ pub struct ServeArgs {
     /// Most characters of text per utterance (HTTP input, WebSocket context) or instruction.
     #[arg(long, default_value_t = 4096)]
     max_text_chars: usize,
+    /// Base models: registered voices held at once (POST /v1/voices past it gets 409).
+    #[arg(long, default_value_t = 100)]
+    max_voices: usize,
+    /// Base models: most bytes in a POST /v1/voices upload (16 MiB).
+    #[arg(long, default_value_t = 16 * 1024 * 1024)]
+    max_upload_bytes: usize,
+    /// Base models: save registered voices in this directory (one JSON file each) and load
+    /// them from it at start; without it they live in memory until the server stops.
+    #[arg(long)]
+    voices_dir: Option<PathBuf>,
     /// After SIGTERM or Ctrl-C, how long in-flight streams may take to finish before they are
     /// cut (a second signal cuts them at once).
     #[arg(long, default_value_t = 30)]
@@ -83,9 +93,12 @@ async fn serve(args: ServeArgs) -> Result<()> {
         ServerOptions {
             api_key: args.api_key,
             max_text_chars: args.max_text_chars,
+            max_upload_bytes: args.max_upload_bytes,
+            max_voices: args.max_voices,
+            voices_dir: args.voices_dir,
             ..ServerOptions::new(model_id(&args.model))
         },
-    );
+    )?;
     let handle = server.shutdown_handle();
     let timeout = Duration::from_secs(args.shutdown_timeout_secs);
     tokio::spawn(async move {

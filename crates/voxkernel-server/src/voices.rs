@@ -295,7 +295,10 @@ pub async fn register(
     .await
     .map_err(|e| ApiError::internal(format!("the voice encoder failed: {e}")))??;
     let (voice, audio_seconds, took) = encoded;
-    state.metrics.voice_encode_seconds.observe(took.as_secs_f64());
+    state
+        .metrics
+        .voice_encode_seconds
+        .observe(took.as_secs_f64());
 
     let voice = {
         let voices = registry.read();
@@ -437,7 +440,9 @@ async fn read_upload(state: &AppState, mut multipart: Multipart) -> Result<Uploa
             "transcript" => &mut upload.transcript,
             "mode" => &mut upload.mode,
             _ => {
-                return Err(FieldError::new(name, format!("unknown field; valid: {FIELDS}")).into());
+                return Err(
+                    FieldError::new(name, format!("unknown field; valid: {FIELDS}")).into(),
+                );
             }
         };
         if slot.is_some() {

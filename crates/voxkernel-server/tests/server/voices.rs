@@ -247,7 +247,11 @@ async fn a_registered_voice_speaks_as_the_library_clone_path() {
     .await;
     assert_eq!(x_pcm, x_expected);
     let listed = http(addr, "GET", "/v1/voices", &[], b"").await.json();
-    assert_eq!(listed["data"][0]["voices"], json!([id, x_id]), "oldest first");
+    assert_eq!(
+        listed["data"][0]["voices"],
+        json!([id, x_id]),
+        "oldest first"
+    );
 
     let metrics = metrics(addr).await;
     assert_eq!(metrics["voxkernel_registered_voices"], 2.0);
@@ -308,9 +312,14 @@ async fn saved_voices_survive_a_restart() {
     stop(server).await;
 
     let server = base_server(options()).await;
-    let listed = http(server.addr, "GET", "/v1/voices", &[], b"").await.json();
+    let listed = http(server.addr, "GET", "/v1/voices", &[], b"")
+        .await
+        .json();
     assert_eq!(listed["data"][0]["registered_voices"], json!([created]));
-    assert_eq!(metrics_of(server.addr, "voxkernel_registered_voices").await, 1.0);
+    assert_eq!(
+        metrics_of(server.addr, "voxkernel_registered_voices").await,
+        1.0
+    );
     assert_eq!(speak_http(&server, &id, 3).await, pcm);
     let deleted = http(server.addr, "DELETE", &format!("/v1/voices/{id}"), &[], b"").await;
     assert_eq!(deleted.status, 200);
@@ -318,7 +327,9 @@ async fn saved_voices_survive_a_restart() {
     stop(server).await;
 
     let server = base_server(options()).await;
-    let listed = http(server.addr, "GET", "/v1/voices", &[], b"").await.json();
+    let listed = http(server.addr, "GET", "/v1/voices", &[], b"")
+        .await
+        .json();
     assert_eq!(listed["data"][0]["registered_voices"], json!([]));
     stop(server).await;
 }
@@ -407,6 +418,9 @@ fn wav(samples: usize, sample_rate: u32) -> Vec<u8> {
     cursor.into_inner()
 }
 
+/// The parts sent, then the status, `param` and phrases of the message expected.
+type BadCase<'a> = (Vec<Part<'a>>, u16, Option<&'a str>, &'a [&'a str]);
+
 fn file(bytes: &[u8]) -> Part<'_> {
     ("audio", Some("clip.wav"), bytes)
 }
@@ -433,8 +447,13 @@ async fn bad_registrations_get_4xx_naming_the_field() {
     let transcript: Part<'_> = ("transcript", None, TRANSCRIPT.as_bytes());
     let long_transcript = "a".repeat(101);
     let long_name = "n".repeat(65);
-    let cases: Vec<(Vec<Part<'_>>, u16, Option<&str>, &[&str])> = vec![
-        (vec![name, transcript], 400, Some("audio"), &["missing", "WAV"]),
+    let cases: Vec<BadCase<'_>> = vec![
+        (
+            vec![name, transcript],
+            400,
+            Some("audio"),
+            &["missing", "WAV"],
+        ),
         (
             vec![name, transcript, file(&garbage)],
             400,
@@ -459,7 +478,12 @@ async fn bad_registrations_get_4xx_naming_the_field() {
             Some("audio"),
             &["0.50 s", "at least 1 s"],
         ),
-        (vec![name, file(&audio)], 400, Some("transcript"), &["required", "icl", "x_vector_only"]),
+        (
+            vec![name, file(&audio)],
+            400,
+            Some("transcript"),
+            &["required", "icl", "x_vector_only"],
+        ),
         (
             vec![name, ("transcript", None, b"  "), file(&audio)],
             400,
@@ -477,12 +501,22 @@ async fn bad_registrations_get_4xx_naming_the_field() {
             &["101", "100"],
         ),
         (
-            vec![name, transcript, ("mode", None, b"x_vector_only"), file(&audio)],
+            vec![
+                name,
+                transcript,
+                ("mode", None, b"x_vector_only"),
+                file(&audio),
+            ],
             400,
             Some("transcript"),
             &["not used in x_vector_only mode"],
         ),
-        (vec![transcript, file(&audio)], 400, Some("name"), &["missing"]),
+        (
+            vec![transcript, file(&audio)],
+            400,
+            Some("name"),
+            &["missing"],
+        ),
         (
             vec![("name", None, b" "), transcript, file(&audio)],
             400,
@@ -490,7 +524,11 @@ async fn bad_registrations_get_4xx_naming_the_field() {
             &["missing"],
         ),
         (
-            vec![("name", None, long_name.as_bytes()), transcript, file(&audio)],
+            vec![
+                ("name", None, long_name.as_bytes()),
+                transcript,
+                file(&audio),
+            ],
             400,
             Some("name"),
             &["65", "64"],
@@ -614,7 +652,12 @@ async fn clone_voices_and_preset_speakers_do_not_mix() {
         (
             speech("ryan", 1),
             "voice",
-            &["\"ryan\"", "not a registered voice", "POST /v1/voices", id.as_str()],
+            &[
+                "\"ryan\"",
+                "not a registered voice",
+                "POST /v1/voices",
+                id.as_str(),
+            ],
         ),
         (no_voice, "voice", &["required", id.as_str()]),
         (instructed, "instructions", &["base model", "omit"]),
@@ -676,7 +719,9 @@ async fn clone_voices_and_preset_speakers_do_not_mix() {
         message.contains("need a base model") && message.contains("ryan"),
         "{message}"
     );
-    let listed = http(custom.addr, "GET", "/v1/voices", &[], b"").await.json();
+    let listed = http(custom.addr, "GET", "/v1/voices", &[], b"")
+        .await
+        .json();
     assert_eq!(listed["data"][0]["registered_voices"], json!([]));
     assert_eq!(listed["data"][0]["max_registered_voices"], 0);
     for method in ["GET", "DELETE"] {

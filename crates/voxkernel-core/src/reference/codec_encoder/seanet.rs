@@ -6,6 +6,7 @@ use candle_core::Tensor;
 
 use crate::config::CodecEncoderConfig;
 use crate::reference::conv1d::{Conv1d, Padding, pad_rows};
+use crate::reference::fused::{self, Activation};
 use crate::reference::weights::Weights;
 
 /// A causal `MimiConv1d`: `(kernel - 1) * dilation + 1 - stride` rows of left padding, and on
@@ -39,12 +40,29 @@ impl CausalConv {
         })
     }
 
-    pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let time = x.dim(0)?;
+    /// Rows of padding before and after `time` rows.
+    fn padding(&self, time: usize) -> (usize, usize) {
         let stride = self.conv.stride();
         let left = self.conv.span() + 1 - stride;
-        let right = time.div_ceil(stride) * stride - time;
+        (left, time.div_ceil(stride) * stride - time)
+    }
+
+    pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (left, right) = self.padding(x.dim(0)?);
         self.conv.forward(&pad_rows(x, left, right, self.padding)?)
+    }
+
+    /// The conv of `ELU(x)`, plus `residual`, then `activation`: SEANet's every conv, its
+    /// element-wise neighbours fused into the padding and the sum.
+    fn forward_elu(
+        &self,
+        x: &Tensor,
+        residual: Option<&Tensor>,
+        activation: Activation,
+    ) -> Result<Tensor> {
+        let (left, right) = self.padding(x.dim(0)?);
+        let input = fused::elu_padded(x, left, right, self.padding)?;
+        self.conv.forward_fused(&input, residual, activation)
     }
 }
 
@@ -57,13 +75,13 @@ struct ResnetBlock {
 
 impl ResnetBlock {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = self.conv1.forward(&x.elu(1.0)?)?;
-        let h = self.conv2.forward(&h.elu(1.0)?)?;
-        let residual = match &self.shortcut {
-            Some(conv) => conv.forward(x)?,
-            None => x.clone(),
-        };
-        Ok((residual + h)?)
+        let h = self.conv1.forward_elu(x, None, Activation::Elu)?;
+        let shortcut = self.shortcut.as_ref().map(|c| c.forward(x)).transpose()?;
+        // conv2 is 1x1 (no padding) and h is already ELU'd.
+        let residual = shortcut.as_ref().unwrap_or(x);
+        self.conv2
+            .conv
+            .forward_fused(&h, Some(residual), Activation::None)
     }
 }
 
@@ -162,8 +180,8 @@ impl Seanet {
             for block in &stage.blocks {
                 h = block.forward(&h)?;
             }
-            h = stage.downsample.forward(&h.elu(1.0)?)?;
+            h = stage.downsample.forward_elu(&h, None, Activation::None)?;
         }
-        self.conv_out.forward(&h.elu(1.0)?)
+        self.conv_out.forward_elu(&h, None, Activation::None)
     }
 }

@@ -210,7 +210,7 @@ pub(crate) fn heads_first(
 ) -> Result<Tensor> {
     let (steps, width) = rows_cols(x)?;
     ensure!(
-        width % heads == 0,
+        width.is_multiple_of(heads),
         "heads_first: {width} columns for {heads} heads"
     );
     let dim = width / heads;

@@ -17,7 +17,8 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 echo "nvrtc: $NVRTC"
 
 CKPT=/tmp/codec06
-python3 "$G/scripts/make_codec.py" --out "$CKPT" >"$OUT/make_codec.log" 2>&1 &
+python3 "$G/scripts/make_codec.py" --out "$CKPT" \
+  --encoder-config "$G/scripts/qwen3-tts-tokenizer-12hz.config.json" >"$OUT/make_codec.log" 2>&1 &
 MAKE=$!
 
 echo "== GPU codec tests (tiny fixture codec) vs the CPU reference"

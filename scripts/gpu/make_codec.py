@@ -126,6 +126,9 @@ def main():
     ap.add_argument("--out", required=True, help="directory; writes OUT/speech_tokenizer/")
     ap.add_argument("--size", default="0.6b", choices=["0.6b", "tiny"])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--encoder-config", required=True,
+                    help="the released speech tokenizer config.json, whose encoder_config is kept "
+                         "(the encoder's weights are not drawn, but loading reads its config)")
     args = ap.parse_args()
     d = FULL if args.size == "0.6b" else TINY
     rng = np.random.default_rng(args.seed)
@@ -144,7 +147,8 @@ def main():
     save_file(tensors, str(out / "model.safetensors"))
     config = {"model_type": "qwen3_tts_tokenizer_12hz", "encoder_valid_num_quantizers": 16,
               "input_sample_rate": 24000, "output_sample_rate": 24000, "decode_upsample_rate": 1920,
-              "encode_downsample_rate": 1920, "decoder_config": d, "encoder_config": {}}
+              "encode_downsample_rate": 1920, "decoder_config": d,
+              "encoder_config": json.load(open(args.encoder_config))["encoder_config"]}
     json.dump(config, open(out / "config.json", "w"), indent=2)
     n = sum(t.size for t in tensors.values())
     print(f"speech tokenizer decoder {out}: {args.size}, {n / 1e6:.1f} M params")

@@ -12,4 +12,5 @@ cp "$codec" "$DEST/bin/codec"
 cp "$T/examples/codec_bench" "$DEST/bin/"
 strip "$DEST"/bin/*
 cp "$WT/scripts/gpu/check_codec.sh" "$WT/scripts/gpu/make_codec.py" "$DEST/scripts/"
+cp /work/shared/reference/checkpoints/qwen3-tts-tokenizer-12hz.config.json "$DEST/scripts/"
 du -sh "$DEST"

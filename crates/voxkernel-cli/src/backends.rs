@@ -1,4 +1,4 @@
-//! Which frame and codec backends a command runs on.
+//! Which frame backend, codec and voice encoder a command runs on.
 
 use std::sync::Arc;
 
@@ -8,6 +8,7 @@ use voxkernel_core::backend::{CodecBackend, FrameBackend};
 use voxkernel_core::engine::Model;
 use voxkernel_core::reference::codec_decoder::CodecDecoder;
 use voxkernel_core::reference::{ReferenceBackend, ReferenceCodec};
+use voxkernel_core::voice_clone::{CloneEncoder, VoiceEncoder};
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum BackendChoice {
@@ -39,6 +40,7 @@ pub fn frame_backend(
         let options = voxkernel_cuda::CudaOptions {
             max_slots: slots,
             max_len,
+            ..Default::default()
         };
         Ok(Box::new(voxkernel_cuda::CudaBackend::new(
             &model.checkpoint,
@@ -67,5 +69,16 @@ pub fn codec_backend(
     } else {
         let decoder = Arc::new(CodecDecoder::from_checkpoint(&model.checkpoint)?);
         Ok(Box::new(ReferenceCodec::new(decoder)))
+    }
+}
+
+/// The voice-clone encoders of a Base model (speaker encoder and speech-tokenizer encoder).
+pub fn voice_encoder(choice: BackendChoice, model: &Model) -> Result<Box<dyn CloneEncoder>> {
+    if choice.is_cuda() {
+        Ok(Box::new(voxkernel_cuda::CudaVoiceEncoder::from_checkpoint(
+            &model.checkpoint,
+        )?))
+    } else {
+        Ok(Box::new(VoiceEncoder::from_checkpoint(&model.checkpoint)?))
     }
 }

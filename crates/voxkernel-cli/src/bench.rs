@@ -1,5 +1,10 @@
-//! `voxkernel bench --e2e`: whole sessions through the engine, as a server runs them: time to
-//! first audio, real-time factor, and where each frame's time goes, per concurrency level.
+//! `voxkernel bench`: benchmarks printed as JSON lines.
+//! - Without `--e2e`, the CUDA frame kernel alone (`voxkernel_cuda::bench`): ms per frame p50/p99,
+//!   the weight bytes a frame streams, achieved GB/s, the device copy bandwidth measured in the
+//!   same run and the ratio to that floor, the GPU's name; with `--profile`, where a frame's time
+//!   goes phase by phase.
+//! - `--e2e`: whole sessions through the engine, as a server runs them: time to first audio,
+//!   real-time factor, and where each frame's time goes, per concurrency level.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,6 +17,9 @@ use voxkernel_core::engine::{
 };
 use voxkernel_core::prompt::Voice;
 use voxkernel_core::sampling::SamplingConfig;
+
+use voxkernel_cuda::CudaOptions;
+use voxkernel_cuda::bench::{FrameBench, run_frame_bench};
 
 use crate::backends::{self, BackendChoice};
 
@@ -30,9 +38,10 @@ pub struct BenchArgs {
     /// Sessions running at once, one JSON line each.
     #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
     concurrency: Vec<usize>,
-    /// Frames per session (80 ms each); the checkpoint should not stop early (make_ckpt --no-eos).
-    #[arg(long, default_value_t = 100)]
-    frames: usize,
+    /// With --e2e, frames per session (80 ms each; default 100); else frames timed after the
+    /// warm-up (default 300). The checkpoint should not stop early (make_ckpt --no-eos).
+    #[arg(long)]
+    frames: Option<usize>,
     /// Waves of `concurrency` sessions per level; percentiles are over all their sessions.
     #[arg(long, default_value_t = 3)]
     waves: usize,
@@ -43,14 +52,52 @@ pub struct BenchArgs {
     speaker: Option<String>,
     #[arg(long, value_enum, default_value = "auto")]
     backend: BackendChoice,
+    /// Frame-kernel mode: untimed frames first.
+    #[arg(long, default_value_t = 20)]
+    warmup: usize,
+    /// Frame-kernel mode: positions per attention block (0 = a whole sequence per kv head); the
+    /// backend's default when absent.
+    #[arg(long)]
+    attention_chunk: Option<usize>,
+    /// Frame-kernel mode: also record this many frames phase by phase and print where their
+    /// time goes.
+    #[arg(long, default_value_t = 0)]
+    profile: usize,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
-    if !args.e2e {
-        bail!("give --e2e (the end-to-end engine benchmark)");
+    if args.e2e {
+        run_e2e(args)
+    } else {
+        run_frame_kernel(&args)
     }
+}
+
+fn run_frame_kernel(args: &BenchArgs) -> Result<()> {
+    let dir = voxkernel_core::hub::resolve_model(&args.model)?;
+    let defaults = CudaOptions::default();
+    let config = FrameBench {
+        frames: args.frames.unwrap_or(300),
+        warmup: args.warmup,
+        options: CudaOptions {
+            attention_chunk: args.attention_chunk.unwrap_or(defaults.attention_chunk),
+            ..defaults
+        },
+        profile_frames: args.profile,
+        ..FrameBench::default()
+    };
+    let report = run_frame_bench(&dir, &config)?;
+    println!("{}", report.json());
+    if let Some(profile) = &report.profile {
+        println!("{}", profile.json());
+    }
+    Ok(())
+}
+
+fn run_e2e(args: BenchArgs) -> Result<()> {
+    let session_frames = args.frames.unwrap_or(100);
     let max_concurrency = args.concurrency.iter().copied().max().unwrap_or(0);
-    if max_concurrency == 0 || args.frames == 0 || args.waves == 0 {
+    if max_concurrency == 0 || session_frames == 0 || args.waves == 0 {
         bail!("--concurrency, --frames and --waves must be at least 1");
     }
     let dir = voxkernel_core::hub::resolve_model(&args.model)?;
@@ -68,12 +115,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .context("the e2e benchmark needs a CustomVoice checkpoint (preset speakers)")?,
     };
     // Room for the prompt (instruct-free CustomVoice: ~10 rows + the text) and the frames.
-    let max_len = args.text.len() + args.frames + 64;
+    let max_len = args.text.len() + session_frames + 64;
     let frames = backends::frame_backend(args.backend, &model, max_concurrency, max_len)?;
     let codec = backends::codec_backend(args.backend, &model, max_concurrency)?;
     let options = EngineOptions {
         max_active: max_concurrency,
-        max_frames_cap: args.frames,
+        max_frames_cap: session_frames,
         ..EngineOptions::default()
     };
     let engine = Engine::start(Arc::clone(&model), frames, codec, options)?;
@@ -87,7 +134,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         sampling: SamplingConfig::from_generation(&model.checkpoint.generation, seed),
         text: args.text.clone(),
         text_complete: true,
-        max_frames: Some(args.frames),
+        max_frames: Some(session_frames),
         schedule: None,
     };
     // Warm-up: kernel compilation or cache load, first-touch allocations.
@@ -180,7 +227,7 @@ fn report(
         "bench": "e2e",
         "concurrency": concurrency,
         "sessions": usages.len(),
-        "frames_per_session": args.frames,
+        "frames_per_session": args.frames.unwrap_or(100),
         "time_to_first_audio_ms": {"p50": percentile(&ttfa, 0.5), "p95": percentile(&ttfa, 0.95)},
         "rtf_per_stream": {"p50": percentile(&rtf, 0.5), "max": rtf.last().copied()},
         "ms_per_frame": {

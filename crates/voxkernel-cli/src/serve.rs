@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use voxkernel_core::config::ModelType;
 use voxkernel_core::engine::{Engine, EngineOptions, Model};
 use voxkernel_core::prompt::PlanLimits;
 use voxkernel_server::{Server, ServerOptions};
@@ -82,6 +83,14 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let frames = backends::frame_backend(args.backend, &model, options.max_active, max_len)?;
     let codec = backends::codec_backend(args.backend, &model, options.max_active)?;
     tracing::info!(frames = %frames.name(), codec = %codec.name(), "backends ready");
+    let voice_encoder = match model.checkpoint.config.model_type {
+        ModelType::Base => {
+            let encoder = backends::voice_encoder(args.backend, &model)?;
+            tracing::info!(encoder = %encoder.name(), "voice encoder ready (POST /v1/voices)");
+            Some(encoder)
+        }
+        _ => None,
+    };
     let engine = Arc::new(Engine::start(Arc::clone(&model), frames, codec, options)?);
 
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
@@ -98,6 +107,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
             voices_dir: args.voices_dir,
             ..ServerOptions::new(model_id(&args.model))
         },
+        voice_encoder,
     )?;
     let handle = server.shutdown_handle();
     let timeout = Duration::from_secs(args.shutdown_timeout_secs);

@@ -11,7 +11,7 @@ use voxkernel_core::config::ModelType;
 use voxkernel_core::engine::{self, Model, RunawayGuard, SamplerOverrides, SpeechRequest};
 use voxkernel_core::prompt::{TextMode, Voice};
 use voxkernel_core::reference::codec_decoder::CodecDecoder;
-use voxkernel_core::voice_clone::{self, CloneMode, ClonedVoice, ReferenceAudio, VoiceEncoder};
+use voxkernel_core::voice_clone::{self, CloneMode, ClonedVoice, ReferenceAudio};
 
 use crate::backends::{self, BackendChoice};
 
@@ -221,12 +221,16 @@ fn clone_voice(model: &Model, args: &SynthArgs) -> Result<ClonedVoice> {
     let audio = ReferenceAudio::load(path)
         .map_err(|e| anyhow::anyhow!("--ref-audio {}: {e}", path.display()))?;
     let started = Instant::now();
-    let encoder = VoiceEncoder::from_checkpoint(&model.checkpoint)?;
+    let encoder = backends::voice_encoder(args.backend, model)?;
+    let loaded_s = started.elapsed().as_secs_f64();
+    let started = Instant::now();
     let voice = encoder.encode(&audio, mode)?;
     tracing::info!(
+        encoder = %encoder.name(),
         seconds = format!("{:.2}", audio.seconds()),
         source_rate = audio.source_rate(),
         reference_frames = voice.reference.as_ref().map_or(0, |r| r.codes.len()),
+        load_ms = format!("{:.0}", 1e3 * loaded_s),
         encode_ms = format!("{:.0}", 1e3 * started.elapsed().as_secs_f64()),
         "encoded the reference voice"
     );

@@ -131,12 +131,16 @@ fn a_session_equals_the_one_request_path() {
             .unwrap(),
     );
     assert_eq!(out.codes, generate_codes(&model, "Hello there.", 11, 21));
-    // The engine decodes each round's frame as it comes: the same split, so the same samples.
+    // The engine decodes each packet's frames once they are all there: the same split, so the
+    // same samples.
     let decoder = Arc::new(CodecDecoder::from_checkpoint(&model.checkpoint).unwrap());
     let mut stream = decoder.stream().unwrap();
     let mut samples = Vec::new();
-    for frame in &out.codes {
-        samples.extend(stream.push(std::slice::from_ref(frame)).unwrap());
+    let mut frames = out.codes.as_slice();
+    for &n in &out.chunk_frames {
+        let (packet, rest) = frames.split_at(n);
+        samples.extend(stream.push(packet).unwrap());
+        frames = rest;
     }
     assert_eq!(out.pcm, pcm16(&samples));
     assert_eq!(out.end, EndReason::MaxFrames);

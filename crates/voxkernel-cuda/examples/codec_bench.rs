@@ -29,6 +29,8 @@ struct Args {
     batches: Vec<usize>,
     graphs: Vec<bool>,
     skinny_rows: Vec<usize>,
+    batch_invariant: Vec<bool>,
+    frames_per_call: usize,
     check_frames: usize,
 }
 
@@ -40,6 +42,8 @@ fn parse_args() -> Result<Args> {
         batches: vec![1, 4, 16],
         graphs: vec![true, false],
         skinny_rows: vec![CudaCodecOptions::default().skinny_rows],
+        batch_invariant: vec![CudaCodecOptions::default().batch_invariant],
+        frames_per_call: 1,
         check_frames: 20,
     };
     let mut it = std::env::args().skip(1);
@@ -67,17 +71,24 @@ fn parse_args() -> Result<Args> {
                     .map(str::parse)
                     .collect::<Result<_, _>>()?
             }
+            "--batch-invariant" => {
+                args.batch_invariant = value()?
+                    .split(',')
+                    .map(|v| v.parse::<u8>().map(|v| v != 0))
+                    .collect::<Result<_, _>>()?
+            }
+            "--frames-per-call" => args.frames_per_call = value()?.parse()?,
             "--check-frames" => args.check_frames = value()?.parse()?,
             other => bail!(
                 "unknown flag {other}; valid: --model, --calls, --warmup, --batches, --graphs, \
-                 --skinny-rows, --check-frames"
+                 --skinny-rows, --batch-invariant, --frames-per-call, --check-frames"
             ),
         }
     }
     if args.model.as_os_str().is_empty() {
         bail!("--model DIR is required");
     }
-    if args.calls == 0 || args.batches.contains(&0) {
+    if args.calls == 0 || args.frames_per_call == 0 || args.batches.contains(&0) {
         bail!("--calls and every --batches entry must be at least 1");
     }
     Ok(args)
@@ -135,16 +146,21 @@ fn main() -> Result<()> {
     let file = SafetensorsFile::open(&dir.join("model.safetensors"))?;
     let size = config.decoder_config.codebook_size;
     let max_batch = args.batches.iter().copied().max().unwrap_or(1);
-    let modes = args
-        .graphs
-        .iter()
-        .flat_map(|&graphs| args.skinny_rows.iter().map(move |&rows| (graphs, rows)));
-    for (mode, (graphs, skinny_rows)) in modes.enumerate() {
+    let mut modes = Vec::new();
+    for &graphs in &args.graphs {
+        for &rows in &args.skinny_rows {
+            for &invariant in &args.batch_invariant {
+                modes.push((graphs, rows, invariant));
+            }
+        }
+    }
+    for (mode, (graphs, skinny_rows, batch_invariant)) in modes.into_iter().enumerate() {
         let options = CudaCodecOptions {
             max_streams: max_batch,
-            max_pass_frames: max_batch.max(args.check_frames.min(32)),
+            max_pass_frames: (max_batch * args.frames_per_call).max(args.check_frames.min(32)),
             graphs,
             skinny_rows,
+            batch_invariant,
         };
         let mut codec = CudaCodec::new(&config, &file, options)?;
         for &batch in &args.batches {
@@ -166,10 +182,11 @@ fn bench(
     size: usize,
 ) -> Result<()> {
     let (graphs, skinny_rows) = (options.graphs, options.skinny_rows);
+    let per_call = args.frames_per_call;
     let gpu = codec.device_name().to_string();
     let audio_ms = codec.samples_per_frame() as f64 / 24.0;
     let slots: Vec<CodecSlot> = (0..batch).map(|_| codec.open()).collect::<Result<_>>()?;
-    let frames = args.warmup + args.calls + 2;
+    let frames = (args.warmup + args.calls + 2) * per_call;
     let codes: Vec<Vec<Frame>> = (0..batch)
         .map(|s| random_frames(frames, size, 1 + s as u64))
         .collect();
@@ -177,7 +194,7 @@ fn bench(
         slots
             .iter()
             .zip(&codes)
-            .map(|(&slot, c)| (slot, &c[f..f + 1]))
+            .map(|(&slot, c)| (slot, &c[f * per_call..(f + 1) * per_call]))
             .collect()
     };
     let first = Instant::now();
@@ -193,7 +210,7 @@ fn bench(
         times.push(started.elapsed().as_secs_f64() * 1e3);
         assert_eq!(out.len(), batch);
     }
-    let launches = codec.profile(&call(frames - 1))?;
+    let launches = codec.profile(&call(args.warmup + args.calls + 1))?;
     let gpu_ms: f32 = launches.iter().map(|(_, ms)| ms).sum();
     times.sort_by(f64::total_cmp);
     let p50 = percentile(&times, 0.5);
@@ -205,7 +222,8 @@ fn bench(
             "batch": batch,
             "graphs": graphs,
             "skinny_rows": skinny_rows,
-            "frames_per_stream_per_call": 1,
+            "batch_invariant": options.batch_invariant,
+            "frames_per_stream_per_call": per_call,
             "calls": times.len(),
             "ms_p50": p50,
             "ms_p99": percentile(&times, 0.99),
@@ -213,7 +231,7 @@ fn bench(
             "ms_first_call": first_ms,
             "gpu_ms_sum_of_launches": gpu_ms,
             "launches": launches.len(),
-            "rtf_per_stream": p50 / audio_ms,
+            "rtf_per_stream": p50 / (audio_ms * per_call as f64),
         })
     );
     // Every launch of the profiled call, in order, for tuning.

@@ -65,6 +65,7 @@ fn main() -> Result<()> {
     let options = CudaOptions {
         max_slots: 1,
         max_len: rows + codes.len() + 8,
+        ..Default::default()
     };
     let mut backend = CudaBackend::new(&ckpt, options)?;
 

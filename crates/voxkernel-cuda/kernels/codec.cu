@@ -27,11 +27,14 @@ typedef long long i64;
 
 #define ACT_NONE 0
 #define ACT_RMS 1
+#define ACT_ELU 2   // the encoders' (kernels/encoder.cu)
+#define ACT_TANH 3
 
 #define EPI_NONE 0
 #define EPI_GELU 1
 #define EPI_SILU_GATE 2
 #define EPI_RESIDUAL 3
+#define EPI_RELU 4
 
 // Per-pass tables (uploaded once per pass; see `PassTables` in codec.rs). Frames of one entry
 // are consecutive, entries in pass order.
@@ -204,14 +207,16 @@ __device__ __forceinline__ float residual(const Gemm& p, const OutRow& row, int 
   return p.epi == EPI_RESIDUAL && row.e >= 0 && c < p.n ? p.res[row.res(p) + c] : 0.0f;
 }
 
-// The epilogue of output (row, c) = v: bias, then GELU, or the SiLU gate (for even c; `pair` is
-// column c + 1, up_proj's output), or layer scale + residual (`res`, loaded by `residual`); then
-// the next layer's SnakeBeta.
+// The epilogue of output (row, c) = v: bias, then GELU, or ReLU (the encoders'), or the SiLU
+// gate (for even c; `pair` is column c + 1, up_proj's output), or layer scale + residual (`res`,
+// loaded by `residual`); then the next layer's SnakeBeta.
 __device__ __forceinline__ void store(const Gemm& p, const OutRow& row, int c, float v, float pair,
                                       float res) {
   if (p.bias) v = __fadd_rn(v, p.bias[c % p.bias_len]);
   if (p.epi == EPI_GELU) {
     p.out[row.out(p) + c] = gelu_erf(v);
+  } else if (p.epi == EPI_RELU) {
+    p.out[row.out(p) + c] = fmaxf(v, 0.0f);
   } else if (p.epi == EPI_SILU_GATE) {
     // Columns 2c and 2c + 1 are gate_proj and up_proj output c: silu(gate) * up.
     if (c % 2 == 0) p.out[row.out(p) + c / 2] = __fmul_rn(silu(v), pair);
@@ -290,12 +295,18 @@ __device__ __forceinline__ void tile_rows(const Gemm& p, const Batch& b, int m0,
   }
 }
 
-// Input element of tile row r at depth tap * cin + ch, rms-normed if asked.
+// Input element of tile row r at depth tap * cin + ch, rms-normed or activated if asked (ELU
+// as candle's: exp(v) - 1 below zero).
 __device__ __forceinline__ float load_a(const Gemm& p, const i64* a_row, const float* a_rms, int r,
                                         int tap, int ch) {
   if (a_row[r] < 0) return 0.0f;
   const float v = p.in[(a_row[r] + (i64)tap * p.dilation) * p.cin + ch];
-  return p.act == ACT_RMS ? __fmul_rn(__fdiv_rn(v, a_rms[r]), p.act_w[ch]) : v;
+  switch (p.act) {
+    case ACT_RMS: return __fmul_rn(__fdiv_rn(v, a_rms[r]), p.act_w[ch]);
+    case ACT_ELU: return v > 0.0f ? v : __fsub_rn(expf(v), 1.0f);
+    case ACT_TANH: return tanhf(v);
+    default: return v;
+  }
 }
 
 template <int BM>

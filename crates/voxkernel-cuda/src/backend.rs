@@ -16,8 +16,9 @@ use voxkernel_core::prompt::{CodecSource, PromptPlan};
 use voxkernel_core::sampling::{SamplerParams, SamplingConfig};
 
 use crate::layout::{
-    BLOCK_THREADS, CODE_WORDS, CODEC_ID, CODEC_NONE, CODEC_REFERENCE, CODEC_SPEAKER, EmbedParams,
-    FrameParams, MAX_BATCH, MODE_FRAME, MODE_PREFILL, OWN_CODES, Sampler, Stack,
+    BLOCK_THREADS, BLOCK_WARPS, CODE_WORDS, CODEC_ID, CODEC_NONE, CODEC_REFERENCE, CODEC_SPEAKER,
+    EmbedParams, FrameParams, HEADS_PER_PASS, HIST_WORDS, MAX_BATCH, MAX_HEAD_DIM, MODE_FRAME,
+    MODE_PREFILL, OWN_CODES, Sampler, Stack,
 };
 use crate::runtime;
 use crate::weights::{DeviceWeights, Geometry, StackGeometry};
@@ -29,6 +30,9 @@ pub struct CudaOptions {
     pub max_slots: usize,
     /// Talker positions per sequence: prefill rows + frames. Also bounds the trailing text rows.
     pub max_len: usize,
+    /// Positions per attention block (0 = all of a sequence's in one block per kv head): long
+    /// contexts then spread over more SMs.
+    pub attention_chunk: usize,
 }
 
 impl Default for CudaOptions {
@@ -36,8 +40,17 @@ impl Default for CudaOptions {
         Self {
             max_slots: 4,
             max_len: 2048,
+            attention_chunk: 64,
         }
     }
+}
+
+/// One profile mark: block 0's SM clock when a phase of the launch ended, and which phase it
+/// was (`layout::PHASE_NAMES` index, plus `layout::PHASE_TALKER` for the talker stack).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PhaseMark {
+    pub phase: u64,
+    pub clock: u64,
 }
 
 /// What one teacher-forced frame produced.
@@ -74,6 +87,8 @@ struct Buffers {
     talker_v: CudaSlice<f32>,
     cp_k: CudaSlice<f32>,
     cp_v: CudaSlice<f32>,
+    talker_rope: CudaSlice<f32>,
+    cp_rope: CudaSlice<f32>,
     past_hidden: CudaSlice<f32>,
     trailing: CudaSlice<f32>,
     seen: CudaSlice<u8>,
@@ -82,10 +97,13 @@ struct Buffers {
     x: CudaSlice<f32>,
     qkv: CudaSlice<f32>,
     attn: CudaSlice<f32>,
+    attn_part: CudaSlice<f32>,
+    attn_count: CudaSlice<u32>,
     gate_up: CudaSlice<f32>,
     cp_logits: CudaSlice<f32>,
     codes: CudaSlice<i32>,
     barrier: CudaSlice<u32>,
+    marks: CudaSlice<u64>,
     embed_rows: CudaSlice<i32>,
     speaker: CudaSlice<f32>,
     ref_codes: CudaSlice<i32>,
@@ -115,6 +133,8 @@ pub struct CudaBackend {
     embed_base: EmbedParams,
     grid: u32,
     frame_smem: u32,
+    /// Record phase marks (`FrameParams::marks`) in every launch.
+    profile: bool,
     embed_smem: u32,
     codes_host: PinnedHostSlice<i32>,
     slots: Vec<Option<SlotState>>,
@@ -131,7 +151,7 @@ fn stack_params(
     s: &StackGeometry,
     layers: u64,
     final_norm: u64,
-    inv_freq: u64,
+    rope: u64,
     k: u64,
     v: u64,
     max_len: usize,
@@ -139,7 +159,7 @@ fn stack_params(
     Stack {
         layers,
         final_norm,
-        inv_freq,
+        rope,
         k_cache: k,
         v_cache: v,
         hidden: s.hidden as i32,
@@ -154,9 +174,15 @@ fn stack_params(
 }
 
 fn attention_work_floats(s: &StackGeometry) -> usize {
-    let warps = (BLOCK_THREADS / 32) as usize;
     let group = s.n_heads / s.n_kv;
-    (group + 1) * s.head_dim + 2 * warps + warps * s.head_dim
+    let partials = HEADS_PER_PASS * BLOCK_WARPS;
+    // + the flag of the chunk that merges
+    (group + 1) * s.head_dim + 2 * partials + partials * s.head_dim + 1
+}
+
+/// Sampling scratch: the logits, the radix histogram, and top-p's two index arrays.
+fn sampling_work_floats(vocab: usize) -> usize {
+    3 * vocab + HIST_WORDS
 }
 
 fn sampler(p: &SamplerParams, what: &str) -> Result<Sampler> {
@@ -167,8 +193,8 @@ fn sampler(p: &SamplerParams, what: &str) -> Result<Sampler> {
             p.temperature
         );
         ensure!(
-            p.top_p >= 1.0,
-            "{what}.top_p = {}: the CUDA backend supports only top_p = 1.0 (off) for now",
+            p.top_p > 0.0 && p.top_p <= 1.0,
+            "{what}.top_p = {}: must be in (0, 1]",
             p.top_p
         );
     }
@@ -177,6 +203,7 @@ fn sampler(p: &SamplerParams, what: &str) -> Result<Sampler> {
         top_k: p.top_k.min(i32::MAX as usize) as i32,
         temperature: p.temperature,
         repetition_penalty: p.repetition_penalty,
+        top_p: p.top_p,
     })
 }
 
@@ -199,6 +226,17 @@ impl CudaBackend {
         let max_qkv = t.qkv_width().max(c.qkv_width());
         let max_q = t.q_width().max(c.q_width());
         let max_inter = t.inter.max(c.inter);
+        // start + per predictor pass (input, 5 per layer, head, sampling) + the talker's
+        let max_marks = 1 + g * (3 + 5 * c.layers) + 5 * t.layers + 3;
+        // attention partials: per sequence, every q head's chunks (the talker's positions or the
+        // predictor's groups, whichever needs more), each head_dim outputs + max + denominator
+        // a chunk as long as the cache is one chunk (and keeps the kernel's int in range)
+        let attention_chunk = options.attention_chunk.min(max_len.max(g));
+        let max_chunks = match attention_chunk {
+            0 => 1,
+            chunk => max_len.max(g).div_ceil(chunk),
+        };
+        let attn_part_stride = t.n_heads.max(c.n_heads) * max_chunks * (MAX_HEAD_DIM + 2);
         let bufs = Buffers {
             talker_k: zeros(
                 &stream,
@@ -220,6 +258,12 @@ impl CudaBackend {
                 MAX_BATCH * c.layers * c.kv_width() * g,
                 "predictor V cache",
             )?,
+            talker_rope: stream
+                .clone_htod(&t.rope_table(max_len))
+                .context("uploading the talker's rotary table")?,
+            cp_rope: stream
+                .clone_htod(&c.rope_table(g))
+                .context("uploading the predictor's rotary table")?,
             past_hidden: zeros(&stream, slots * t.hidden, "past_hidden")?,
             trailing: zeros(&stream, slots * max_len * t.hidden, "trailing rows")?,
             seen: zeros(&stream, slots * geometry.vocab, "codebook-0 history")?,
@@ -228,10 +272,17 @@ impl CudaBackend {
             x: zeros(&stream, MAX_BATCH * max_hidden, "x")?,
             qkv: zeros(&stream, MAX_BATCH * max_qkv, "qkv")?,
             attn: zeros(&stream, MAX_BATCH * max_q, "attn")?,
+            attn_part: zeros(&stream, MAX_BATCH * attn_part_stride, "attention partials")?,
+            attn_count: zeros(
+                &stream,
+                MAX_BATCH * t.n_kv.max(c.n_kv),
+                "attention counters",
+            )?,
             gate_up: zeros(&stream, MAX_BATCH * 2 * max_inter, "gate_up")?,
             cp_logits: zeros(&stream, MAX_BATCH * geometry.cp_vocab, "predictor logits")?,
             codes: zeros(&stream, MAX_BATCH * CODE_WORDS, "codes")?,
             barrier: zeros(&stream, 1, "grid barrier")?,
+            marks: zeros(&stream, 2 * max_marks, "profile marks")?,
             embed_rows: zeros(&stream, 3 * max_len, "prompt row descriptors")?,
             speaker: zeros(&stream, t.hidden, "speaker vector")?,
             ref_codes: zeros(&stream, max_len * g, "reference codes")?,
@@ -252,8 +303,8 @@ impl CudaBackend {
         let work = [
             attention_work_floats(t),
             attention_work_floats(c),
-            geometry.vocab + 258,
-            geometry.cp_vocab + 258,
+            sampling_work_floats(geometry.vocab),
+            sampling_work_floats(geometry.cp_vocab),
         ]
         .into_iter()
         .max()
@@ -291,7 +342,7 @@ impl CudaBackend {
                 t,
                 w.talker_layers,
                 w.talker_norm,
-                w.talker_inv_freq,
+                ptr(&bufs.talker_rope, s),
                 ptr(&bufs.talker_k, s),
                 ptr(&bufs.talker_v, s),
                 max_len,
@@ -300,7 +351,7 @@ impl CudaBackend {
                 c,
                 w.cp_layers,
                 w.cp_norm,
-                w.cp_inv_freq,
+                ptr(&bufs.cp_rope, s),
                 ptr(&bufs.cp_k, s),
                 ptr(&bufs.cp_v, s),
                 g,
@@ -319,11 +370,16 @@ impl CudaBackend {
             x: ptr(&bufs.x, s),
             qkv: ptr(&bufs.qkv, s),
             attn: ptr(&bufs.attn, s),
+            attn_part: ptr(&bufs.attn_part, s),
+            attn_count: ptr(&bufs.attn_count, s),
             gate_up: ptr(&bufs.gate_up, s),
             cp_logits: ptr(&bufs.cp_logits, s),
             codes: ptr(&bufs.codes, s),
             barrier: ptr(&bufs.barrier, s),
             vocab: geometry.vocab as i32,
+            max_marks: max_marks as i32,
+            attention_chunk: attention_chunk as i32,
+            attn_part_stride: attn_part_stride as i32,
             cp_vocab: geometry.cp_vocab as i32,
             groups: g as i32,
             eos_id: geometry.eos_id as i32,
@@ -371,6 +427,7 @@ impl CudaBackend {
             embed_base,
             grid,
             frame_smem,
+            profile: false,
             embed_smem,
             codes_host,
             slots: vec![None; slots],
@@ -389,6 +446,30 @@ impl CudaBackend {
 
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
+    }
+
+    pub fn options(&self) -> &CudaOptions {
+        &self.options
+    }
+
+    /// While on, every launch records when each of its phases ended (block 0's SM clock);
+    /// [`Self::phase_marks`] reads the last launch's marks.
+    pub fn set_profile(&mut self, on: bool) {
+        self.profile = on;
+    }
+
+    /// The marks of the last launch made while profiling, in order; the first is its start.
+    pub fn phase_marks(&self) -> Result<Vec<PhaseMark>> {
+        ensure!(self.profile, "profiling is off (set_profile(true) first)");
+        let words = self.stream.clone_dtoh(&self.bufs.marks)?;
+        Ok(words
+            .chunks_exact(2)
+            .take_while(|w| w[0] != 0)
+            .map(|w| PhaseMark {
+                phase: w[1],
+                clock: w[0],
+            })
+            .collect())
     }
 
     /// Bytes of weights uploaded (bf16, packed).
@@ -514,13 +595,28 @@ impl CudaBackend {
 
     fn launch_frame_kernel(&mut self, params: &FrameParams) -> Result<()> {
         self.stream.memset_zeros(&mut self.bufs.barrier)?;
+        let mut params = *params;
+        // every sequence of the talker step gets the chunks its longest one needs
+        let longest = params.pos[..params.batch as usize]
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(0);
+        params.talker_chunks = match params.attention_chunk {
+            0 => 1,
+            chunk => longest / chunk + 1,
+        };
+        if self.profile {
+            self.stream.memset_zeros(&mut self.bufs.marks)?;
+            params.marks = ptr(&self.bufs.marks, &self.stream);
+        }
         let cfg = LaunchConfig {
             grid_dim: (self.grid, 1, 1),
             block_dim: (BLOCK_THREADS, 1, 1),
             shared_mem_bytes: self.frame_smem,
         };
         let mut launch = self.stream.launch_builder(&self.frame_fn);
-        launch.arg(params);
+        launch.arg(&params);
         // SAFETY: every pointer in `params` addresses a live allocation owned by `self` and sized
         // in `new` for the geometry and options the kernel is told about; the cooperative launch
         // guarantees the co-residency the grid barrier needs.

@@ -18,8 +18,8 @@ use cudarc::driver::sys::{
     CUstreamCaptureMode,
 };
 use cudarc::driver::{
-    CudaEvent, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
-    PinnedHostSlice, PushKernelArg,
+    CudaEvent, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+    LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use voxkernel_core::backend::{CodecBackend, CodecSlot, Frame, NUM_CODE_GROUPS};
 use voxkernel_core::checkpoint::{Checkpoint, SafetensorsFile};
@@ -41,10 +41,10 @@ const SKINNY_MIN_SPLIT_DEPTH: usize = 256;
 /// GEMM tile width and depth chunk (`BN`, `BK`), threads per GEMM block.
 const GEMM_BN: usize = 64;
 const GEMM_BK: usize = 16;
-const GEMM_THREADS: u32 = 256;
+pub(crate) const GEMM_THREADS: u32 = 256;
 /// Split-depth scratch: partial tiles and per-tile arrival counters.
-const SPLIT_WORKSPACE_FLOATS: usize = 1 << 22;
-const SPLIT_COUNTERS: usize = 4096;
+pub(crate) const SPLIT_WORKSPACE_FLOATS: usize = 1 << 22;
+pub(crate) const SPLIT_COUNTERS: usize = 4096;
 /// Depth splits: at most this many, each at least this deep.
 const MAX_SPLITS: usize = 32;
 const MIN_SPLIT_DEPTH: usize = 64;
@@ -60,12 +60,15 @@ const RESIDUAL_DILATIONS: [usize; 3] = [1, 3, 9];
 const CONVNEXT_LAYER_NORM_EPS: f32 = 1e-6;
 const CLUSTER_USAGE_MIN: f32 = 1e-5;
 
-const ACT_NONE: i32 = 0;
+pub(crate) const ACT_NONE: i32 = 0;
 const ACT_RMS: i32 = 1;
-const EPI_NONE: i32 = 0;
-const EPI_GELU: i32 = 1;
+pub(crate) const ACT_ELU: i32 = 2;
+pub(crate) const ACT_TANH: i32 = 3;
+pub(crate) const EPI_NONE: i32 = 0;
+pub(crate) const EPI_GELU: i32 = 1;
 const EPI_SILU_GATE: i32 = 2;
-const EPI_RESIDUAL: i32 = 3;
+pub(crate) const EPI_RESIDUAL: i32 = 3;
+pub(crate) const EPI_RELU: i32 = 4;
 
 /// Sizes fixed at construction.
 #[derive(Debug, Clone, Copy)]
@@ -83,6 +86,11 @@ pub struct CudaCodecOptions {
     /// default, 4, is where it measured faster on an H200: one stream's transformer, upsample
     /// stages, `decoder.0` and first transposed conv.
     pub skinny_rows: usize,
+    /// Fix each matrix product's kernel and depth split from its one-frame shape, so a stream's
+    /// sums are added in the same order whatever shares its passes: its samples are then bit
+    /// for bit those of its solo decode (with the same calls). Off, the plan follows each pass's
+    /// row count, and a stream beside others can land a rounding step away from its solo run.
+    pub batch_invariant: bool,
 }
 
 impl Default for CudaCodecOptions {
@@ -92,6 +100,7 @@ impl Default for CudaCodecOptions {
             max_pass_frames: 32,
             graphs: true,
             skinny_rows: 4,
+            batch_invariant: true,
         }
     }
 }
@@ -111,17 +120,17 @@ unsafe impl Send for PassGraph {}
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-struct Batch {
-    frame_entry: u64,
-    entry_frame0: u64,
-    entry_frames: u64,
-    entry_slot: u64,
-    entry_pos0: u64,
-    codes: u64,
-    rope_cos: u64,
-    rope_sin: u64,
-    frames: i32,
-    entries: i32,
+pub(crate) struct Batch {
+    pub(crate) frame_entry: u64,
+    pub(crate) entry_frame0: u64,
+    pub(crate) entry_frames: u64,
+    pub(crate) entry_slot: u64,
+    pub(crate) entry_pos0: u64,
+    pub(crate) codes: u64,
+    pub(crate) rope_cos: u64,
+    pub(crate) rope_sin: u64,
+    pub(crate) frames: i32,
+    pub(crate) entries: i32,
 }
 
 #[repr(C)]
@@ -154,39 +163,39 @@ struct RvqParams {
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-struct GemmParams {
-    input: u64,
-    w: u64,
-    bias: u64,
-    out: u64,
-    res: u64,
-    col_scale: u64,
-    act_w: u64,
-    out_freq: u64,
-    out_inv: u64,
-    out2: u64,
-    out2_freq: u64,
-    out2_inv: u64,
-    workspace: u64,
-    counters: u64,
-    m: i32,
-    n: i32,
-    k: i32,
-    rate: i32,
-    cin: i32,
-    taps: i32,
-    dilation: i32,
-    in_hist: i32,
-    out_width: i32,
-    out_hist: i32,
-    out_stride: i32,
-    out2_hist: i32,
-    res_hist: i32,
-    bias_len: i32,
-    act: i32,
-    epi: i32,
-    eps: f32,
-    k_split: i32,
+pub(crate) struct GemmParams {
+    pub(crate) input: u64,
+    pub(crate) w: u64,
+    pub(crate) bias: u64,
+    pub(crate) out: u64,
+    pub(crate) res: u64,
+    pub(crate) col_scale: u64,
+    pub(crate) act_w: u64,
+    pub(crate) out_freq: u64,
+    pub(crate) out_inv: u64,
+    pub(crate) out2: u64,
+    pub(crate) out2_freq: u64,
+    pub(crate) out2_inv: u64,
+    pub(crate) workspace: u64,
+    pub(crate) counters: u64,
+    pub(crate) m: i32,
+    pub(crate) n: i32,
+    pub(crate) k: i32,
+    pub(crate) rate: i32,
+    pub(crate) cin: i32,
+    pub(crate) taps: i32,
+    pub(crate) dilation: i32,
+    pub(crate) in_hist: i32,
+    pub(crate) out_width: i32,
+    pub(crate) out_hist: i32,
+    pub(crate) out_stride: i32,
+    pub(crate) out2_hist: i32,
+    pub(crate) res_hist: i32,
+    pub(crate) bias_len: i32,
+    pub(crate) act: i32,
+    pub(crate) epi: i32,
+    pub(crate) eps: f32,
+    pub(crate) k_split: i32,
 }
 
 #[repr(C)]
@@ -396,12 +405,12 @@ impl Source<'_> {
 /// Host staging of the packed weight buffer; offsets (in floats) are 64-float aligned so every
 /// matrix row the GEMM reads as float4 is 16-byte aligned.
 #[derive(Default)]
-struct Packer {
-    data: Vec<f32>,
+pub(crate) struct Packer {
+    pub(crate) data: Vec<f32>,
 }
 
 impl Packer {
-    fn push(&mut self, values: &[f32]) -> usize {
+    pub(crate) fn push(&mut self, values: &[f32]) -> usize {
         let offset = self.data.len().next_multiple_of(64);
         self.data.resize(offset, 0.0);
         self.data.extend_from_slice(values);
@@ -410,7 +419,7 @@ impl Packer {
 }
 
 /// `[rows, cols]` to `[cols, rows]`.
-fn transpose(w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+pub(crate) fn transpose(w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     let mut t = vec![0.0; w.len()];
     for r in 0..rows {
         for c in 0..cols {
@@ -422,7 +431,7 @@ fn transpose(w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 
 /// Conv1d `[out, in, k]` to the GEMM's `[k * in, out]` (row `j * in + i`, tap 0 oldest), as
 /// `CausalConv::new` arranges it.
-fn conv_weight(w: &[f32], out: usize, inp: usize, k: usize) -> Vec<f32> {
+pub(crate) fn conv_weight(w: &[f32], out: usize, inp: usize, k: usize) -> Vec<f32> {
     let mut g = vec![0.0; w.len()];
     for o in 0..out {
         for i in 0..inp {
@@ -997,11 +1006,107 @@ impl Planner<'_> {
     }
 }
 
+/// The tiled GEMM kernels `conv_gemm_{16,32,64,128}` and how to shape a launch of them; the
+/// voice encoders (`crate::encoder`) use them too.
+pub(crate) struct TiledGemm {
+    /// Tile height, function, blocks resident per SM.
+    kernels: Vec<(usize, CudaFunction, usize)>,
+    sms: usize,
+}
+
+impl TiledGemm {
+    pub(crate) fn load(module: &Arc<CudaModule>, sms: usize) -> Result<Self> {
+        let kernels = [16, 32, 64, 128]
+            .into_iter()
+            .map(|bm| {
+                let f = module.load_function(&format!("conv_gemm_{bm}"))?;
+                let resident =
+                    f.occupancy_max_active_blocks_per_multiprocessor(GEMM_THREADS, 0, None)?;
+                Ok((bm, f, resident as usize))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self { kernels, sms })
+    }
+
+    /// Tile height, depth splits and depth per split: the cheapest under a rough cost model,
+    /// where blocks run in waves of what fits on the GPU at once, and a block costs its
+    /// multiply-adds (dearer per multiply-add in short tiles, which reload more operands), a
+    /// fixed start-up, and when the depth is split, writing and re-reading its partial tile.
+    pub(crate) fn plan(&self, m: usize, n: usize, k: usize) -> GemmKernel {
+        let mut best = (f64::INFINITY, 16, 1, k.next_multiple_of(GEMM_BK));
+        for &(bm, _, resident) in &self.kernels {
+            let tiles = m.div_ceil(bm) * n.div_ceil(GEMM_BN);
+            for wanted in 1..=(k / MIN_SPLIT_DEPTH).clamp(1, MAX_SPLITS) {
+                let k_split = k.div_ceil(wanted).next_multiple_of(GEMM_BK);
+                let splits = k.div_ceil(k_split);
+                let room = tiles <= SPLIT_COUNTERS
+                    && tiles * splits * bm * GEMM_BN <= SPLIT_WORKSPACE_FLOATS;
+                if splits > 1 && !room {
+                    break;
+                }
+                let cost = self.cost(bm, resident, m, n, k_split, splits);
+                if cost < best.0 {
+                    best = (cost, bm, splits, k_split);
+                }
+            }
+        }
+        GemmKernel::Tiled {
+            bm: best.1,
+            splits: best.2,
+            k_split: best.3,
+        }
+    }
+
+    /// The cheapest tile height for a given depth split (batch-invariant plans fix the split).
+    pub(crate) fn tile_height(&self, m: usize, n: usize, k_split: usize, splits: usize) -> usize {
+        self.kernels
+            .iter()
+            .map(|&(bm, _, resident)| (self.cost(bm, resident, m, n, k_split, splits), bm))
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .map_or(16, |(_, bm)| bm)
+    }
+
+    /// The cost model of [`Self::plan`] for one shape.
+    fn cost(
+        &self,
+        bm: usize,
+        resident: usize,
+        m: usize,
+        n: usize,
+        k_split: usize,
+        splits: usize,
+    ) -> f64 {
+        let tiles = m.div_ceil(bm) * n.div_ceil(GEMM_BN);
+        let slots = (resident * self.sms).max(1);
+        let per_mac = match bm {
+            128 => 1.0,
+            64 => 1.2,
+            32 => 1.5,
+            _ => 2.2,
+        };
+        let partial = if splits > 1 { 32.0 } else { 0.0 };
+        let depth = k_split as f64 * per_mac + 48.0 + partial;
+        let waves = (tiles * splits).div_ceil(slots) as f64;
+        waves * (bm * GEMM_BN) as f64 * depth
+    }
+
+    /// `conv_gemm_{bm}` and its grid for `m x n` outputs in `splits` depth parts.
+    pub(crate) fn function(
+        &self,
+        bm: usize,
+        m: usize,
+        n: usize,
+        splits: usize,
+    ) -> Option<(&CudaFunction, (usize, usize, usize))> {
+        let (_, f, _) = self.kernels.iter().find(|(height, ..)| *height == bm)?;
+        Some((f, (n.div_ceil(GEMM_BN), m.div_ceil(bm), splits)))
+    }
+}
+
 struct Kernels {
     history: CudaFunction,
     rvq: CudaFunction,
-    /// `conv_gemm_{16,32,64,128}`: tile height, function, blocks resident per SM.
-    gemm: Vec<(usize, CudaFunction, usize)>,
+    gemm: TiledGemm,
     /// `skinny_gemm_{4,16}`: rows per block, function, blocks resident per SM.
     skinny: Vec<(usize, CudaFunction, usize)>,
     attention: CudaFunction,
@@ -1011,7 +1116,7 @@ struct Kernels {
 
 /// How one GEMM launch is shaped.
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum GemmKernel {
+pub(crate) enum GemmKernel {
     /// `skinny_gemm_{rows}`: `rows` rows x 32 columns per block, the depth split in `splits`
     /// parts of `k_split`.
     Skinny {
@@ -1123,13 +1228,17 @@ pub struct CudaCodec {
     _owned: Owned,
 }
 
-fn alloc_f32(stream: &Arc<CudaStream>, len: usize, what: &str) -> Result<CudaSlice<f32>> {
+pub(crate) fn alloc_f32(
+    stream: &Arc<CudaStream>,
+    len: usize,
+    what: &str,
+) -> Result<CudaSlice<f32>> {
     stream
         .alloc_zeros::<f32>(len.max(1))
         .with_context(|| format!("allocating {what} ({len} floats)"))
 }
 
-fn device_ptr<T>(slice: &CudaSlice<T>, stream: &Arc<CudaStream>) -> u64 {
+pub(crate) fn device_ptr<T>(slice: &CudaSlice<T>, stream: &Arc<CudaStream>) -> u64 {
     slice.device_ptr(stream).0
 }
 
@@ -1159,18 +1268,11 @@ impl CudaCodec {
         // Its own stream, so decoding can overlap the frame kernel on the default stream.
         let stream = ctx.new_stream().context("creating the codec stream")?;
         let module = runtime::load_source(&ctx, "codec", runtime::CODEC_SOURCE)?;
+        let sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let kernels = Kernels {
             history: module.load_function("history")?,
             rvq: module.load_function("rvq_lookup")?,
-            gemm: [16, 32, 64, 128]
-                .into_iter()
-                .map(|bm| {
-                    let f = module.load_function(&format!("conv_gemm_{bm}"))?;
-                    let resident =
-                        f.occupancy_max_active_blocks_per_multiprocessor(GEMM_THREADS, 0, None)?;
-                    Ok((bm, f, resident as usize))
-                })
-                .collect::<Result<_>>()?,
+            gemm: TiledGemm::load(&module, sms as usize)?,
             skinny: [4, 16]
                 .into_iter()
                 .map(|rows| {
@@ -1191,7 +1293,6 @@ impl CudaCodec {
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             attention_smem as i32,
         )?;
-        let sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let device_name = ctx.name().unwrap_or_else(|_| "unknown GPU".to_string());
 
         let frames_cap = options.max_pass_frames;
@@ -1305,7 +1406,7 @@ impl CudaCodec {
         );
         let wav_ptr = device_ptr(&wav, &stream);
 
-        Ok(Self {
+        let mut codec = Self {
             hist,
             hist_layer_count: hist_layers.len() as u32,
             k_ring: kv_ptr,
@@ -1343,7 +1444,9 @@ impl CudaCodec {
                 _workspace: workspace_buf,
                 _kv: kv,
             },
-        })
+        };
+        codec.size_split_scratch()?;
+        Ok(codec)
     }
 
     pub fn device_name(&self) -> &str {
@@ -1354,13 +1457,11 @@ impl CudaCodec {
         self.weights + 4 * offset as u64
     }
 
-    /// Tile height, depth splits and depth per split for an `m x n x k` GEMM, from a rough
-    /// cost model: blocks run in waves of what fits on the GPU at once, and a block costs its
-    /// multiply-adds (dearer per multiply-add in short tiles, which reload more operands), a
-    /// fixed start-up, and when the depth is split, writing and re-reading its partial tile.
-    /// One frame has a handful of rows against megabytes of weights: short tiles, deep splits
-    /// so every SM streams weights. Sixteen streams have thousands of rows: tall tiles, few
-    /// splits.
+    /// The kernel and its tile height, depth splits and depth per split for an `m x n x k`
+    /// GEMM: the few-rows kernel up to `skinny_rows` rows, else the tiled one as
+    /// [`TiledGemm::plan`] shapes it. One frame has a handful of rows against megabytes of
+    /// weights: short tiles, deep splits so every SM streams weights. Sixteen streams have
+    /// thousands of rows: tall tiles, few splits.
     fn gemm_plan(&self, m: usize, n: usize, k: usize) -> GemmKernel {
         if m <= self.options.skinny_rows {
             // Enough depth splits to fill the GPU once, each streaming at least
@@ -1386,38 +1487,80 @@ impl CudaCodec {
                 k_split,
             };
         }
-        let mut best = (f64::INFINITY, 16, 1, k.next_multiple_of(GEMM_BK));
-        for &(bm, _, resident) in &self.kernels.gemm {
-            let tiles = m.div_ceil(bm) * n.div_ceil(GEMM_BN);
-            let slots = (resident * self.sms).max(1);
-            let per_mac = match bm {
-                128 => 1.0,
-                64 => 1.2,
-                32 => 1.5,
-                _ => 2.2,
-            };
-            for wanted in 1..=(k / MIN_SPLIT_DEPTH).clamp(1, MAX_SPLITS) {
-                let k_split = k.div_ceil(wanted).next_multiple_of(GEMM_BK);
-                let splits = k.div_ceil(k_split);
-                let room = tiles <= SPLIT_COUNTERS
-                    && tiles * splits * bm * GEMM_BN <= SPLIT_WORKSPACE_FLOATS;
-                if splits > 1 && !room {
-                    break;
-                }
-                let partial = if splits > 1 { 32.0 } else { 0.0 };
-                let depth = k_split as f64 * per_mac + 48.0 + partial;
-                let waves = (tiles * splits).div_ceil(slots) as f64;
-                let cost = waves * (bm * GEMM_BN) as f64 * depth;
-                if cost < best.0 {
-                    best = (cost, bm, splits, k_split);
-                }
+        self.kernels.gemm.plan(m, n, k)
+    }
+
+    /// The launch shape of `g` over `m` rows. Batch-invariant: the kernel and the depth split
+    /// come from one frame's rows, and only the tile height follows `m` (each kernel adds a
+    /// row's products in an order that does not depend on its tile height).
+    fn op_plan(&self, g: &GemmOp, m: usize) -> GemmKernel {
+        let k = g.taps * g.input.width;
+        if !self.options.batch_invariant {
+            return self.gemm_plan(m, g.n, k);
+        }
+        match self.gemm_plan(g.input.rate, g.n, k) {
+            GemmKernel::Skinny {
+                splits, k_split, ..
+            } => GemmKernel::Skinny {
+                rows: if m <= 4 { 4 } else { 16 },
+                splits,
+                k_split,
+            },
+            GemmKernel::Tiled {
+                splits, k_split, ..
+            } => GemmKernel::Tiled {
+                bm: self.kernels.gemm.tile_height(m, g.n, k_split, splits),
+                splits,
+                k_split,
+            },
+        }
+    }
+
+    /// Split-depth scratch (floats, tile counters) a plan over `m` x `n` needs.
+    fn split_scratch(plan: GemmKernel, m: usize, n: usize) -> (usize, usize) {
+        let (splits, tiles, per_tile) = match plan {
+            GemmKernel::Skinny { rows, splits, .. } => (
+                splits,
+                n.div_ceil(SKINNY_COLS) * m.div_ceil(rows),
+                rows * 4 * GEMM_THREADS as usize,
+            ),
+            GemmKernel::Tiled { bm, splits, .. } => {
+                (splits, n.div_ceil(GEMM_BN) * m.div_ceil(bm), bm * GEMM_BN)
+            }
+        };
+        match splits > 1 {
+            true => (tiles * splits * per_tile, tiles),
+            false => (0, 0),
+        }
+    }
+
+    /// Batch-invariant plans keep one frame's depth splits on passes of many rows, which can
+    /// need more split scratch than the fixed minimum: grow it to the largest pass's needs.
+    fn size_split_scratch(&mut self) -> Result<()> {
+        let (mut floats, mut counters) = (SPLIT_WORKSPACE_FLOATS, SPLIT_COUNTERS);
+        for op in &self.ops {
+            let Op::Gemm(g) = op else { continue };
+            for frames in 1..=self.options.max_pass_frames {
+                let m = frames * g.input.rate;
+                let (f, c) = Self::split_scratch(self.op_plan(g, m), m, g.n);
+                floats = floats.max(f);
+                counters = counters.max(c);
             }
         }
-        GemmKernel::Tiled {
-            bm: best.1,
-            splits: best.2,
-            k_split: best.3,
+        if floats > SPLIT_WORKSPACE_FLOATS {
+            let buf = alloc_f32(&self.stream, floats, "split-depth workspace")?;
+            self.workspace = device_ptr(&buf, &self.stream);
+            self._owned._workspace = buf;
         }
+        if counters > SPLIT_COUNTERS {
+            let buf = self
+                .stream
+                .alloc_zeros::<u32>(counters)
+                .context("allocating split-depth counters")?;
+            self.counters = device_ptr(&buf, &self.stream);
+            self._owned._counters = buf;
+        }
+        Ok(())
     }
 
     fn launch(&self, op: &Op, batch: &Batch) -> Result<()> {
@@ -1535,7 +1678,7 @@ impl CudaCodec {
     fn launch_gemm(&self, g: &GemmOp, batch: &Batch) -> Result<()> {
         let m = batch.frames as usize * g.input.rate;
         let k = g.taps * g.input.width;
-        let plan = self.gemm_plan(m, g.n, k);
+        let plan = self.op_plan(g, m);
         let (GemmKernel::Tiled { k_split, .. } | GemmKernel::Skinny { k_split, .. }) = plan;
         let (act, act_w) = match g.act {
             Act::None => (ACT_NONE, 0),
@@ -1601,9 +1744,10 @@ impl CudaCodec {
                 (f.map(|(_, f, _)| f), grid)
             }
             GemmKernel::Tiled { bm, splits, .. } => {
-                let f = self.kernels.gemm.iter().find(|(height, ..)| *height == bm);
-                let grid = (g.n.div_ceil(GEMM_BN), m.div_ceil(bm), splits);
-                (f.map(|(_, f, _)| f), grid)
+                match self.kernels.gemm.function(bm, m, g.n, splits) {
+                    Some((f, grid)) => (Some(f), grid),
+                    None => (None, (0, 0, 0)),
+                }
             }
         };
         let function = function.context("internal: no GEMM kernel for the plan")?;
@@ -1646,7 +1790,7 @@ impl CudaCodec {
             Op::Rvq { .. } => "rvq_lookup".to_string(),
             Op::Gemm(g) => {
                 let (m, k) = (frames * g.input.rate, g.taps * g.input.width);
-                let how = match self.gemm_plan(m, g.n, k) {
+                let how = match self.op_plan(g, m) {
                     GemmKernel::Skinny { rows, splits, .. } => {
                         format!("skinny={rows} splits={splits}")
                     }
@@ -1845,13 +1989,17 @@ impl CodecBackend for CudaCodec {
             .collect();
         let mut done = vec![0usize; batch.len()];
         loop {
-            // Fill a pass in batch order; a stream appears at most once per pass.
+            // Fill a pass in batch order; a stream appears at most once per pass, and waits for
+            // the next pass rather than being cut short by the others, so how a stream's frames
+            // are split into passes does not depend on what shares its calls.
             let mut pass = Vec::new();
             let mut room = self.options.max_pass_frames;
             for (index, (_, frames)) in batch.iter().enumerate() {
-                let take = (frames.len() - done[index])
-                    .min(MAX_PASS_FRAMES_PER_ENTRY)
-                    .min(room);
+                let wanted = (frames.len() - done[index]).min(MAX_PASS_FRAMES_PER_ENTRY);
+                let take = match wanted > room && !pass.is_empty() {
+                    true => 0,
+                    false => wanted.min(room),
+                };
                 if take > 0 {
                     pass.push(PassEntry {
                         index,

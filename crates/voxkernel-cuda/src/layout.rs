@@ -13,6 +13,29 @@ pub const CODE_WORDS: usize = 36;
 pub const OWN_CODES: usize = 18;
 pub const MODE_FRAME: i32 = 0;
 pub const MODE_PREFILL: i32 = 1;
+/// Warps per block (`WARPS` in the kernel).
+pub const BLOCK_WARPS: usize = BLOCK_THREADS as usize / 32;
+/// q heads one attention pass serves (`HEADS_PER_PASS` in the kernel).
+pub const HEADS_PER_PASS: usize = 2;
+/// Words after the sampling values in the sampling scratch (`HIST_WORDS` in the kernel).
+pub const HIST_WORDS: usize = 264;
+/// Largest head_dim the attention's registers hold (`MAX_HEAD_DIM` in the kernel).
+pub const MAX_HEAD_DIM: usize = 128;
+
+/// Phase tags of the profile marks (`PH_*` in the kernel): the phase whose end a mark records,
+/// with [`PHASE_TALKER`] set for the talker stack.
+pub const PHASE_NAMES: [&str; 9] = [
+    "start",
+    "input",
+    "qkv",
+    "attention",
+    "o_proj",
+    "gate_up",
+    "down",
+    "head",
+    "sample",
+];
+pub const PHASE_TALKER: u64 = 16;
 
 /// `LayerW`: eight bf16 weight pointers per decoder layer.
 pub type LayerPointers = [u64; 8];
@@ -22,7 +45,8 @@ pub type LayerPointers = [u64; 8];
 pub struct Stack {
     pub layers: u64,
     pub final_norm: u64,
-    pub inv_freq: u64,
+    /// `[max_len][head_dim / 2]` (cos, sin) pairs.
+    pub rope: u64,
     pub k_cache: u64,
     pub v_cache: u64,
     pub hidden: i32,
@@ -42,6 +66,8 @@ pub struct Sampler {
     pub top_k: i32,
     pub temperature: f32,
     pub repetition_penalty: f32,
+    /// 1.0 = off.
+    pub top_p: f32,
 }
 
 #[repr(C)]
@@ -63,10 +89,13 @@ pub struct FrameParams {
     pub x: u64,
     pub qkv: u64,
     pub attn: u64,
+    pub attn_part: u64,
+    pub attn_count: u64,
     pub gate_up: u64,
     pub cp_logits: u64,
     pub codes: u64,
     pub barrier: u64,
+    pub marks: u64,
     pub vocab: i32,
     pub cp_vocab: i32,
     pub groups: i32,
@@ -82,6 +111,10 @@ pub struct FrameParams {
     pub prefill_row: i32,
     pub prefill_last: i32,
     pub forced: i32,
+    pub max_marks: i32,
+    pub attention_chunk: i32,
+    pub attn_part_stride: i32,
+    pub talker_chunks: i32,
     pub slot: [i32; MAX_BATCH],
     pub pos: [i32; MAX_BATCH],
     pub step: [i32; MAX_BATCH],
@@ -137,10 +170,10 @@ mod tests {
     fn layouts_have_the_sizes_the_kernel_expects() {
         // Sizes computed from the CUDA declarations (all fields 4 or 8 bytes, pointers first).
         assert_eq!(std::mem::size_of::<Stack>(), 5 * 8 + 8 * 4);
-        assert_eq!(std::mem::size_of::<Sampler>(), 16);
+        assert_eq!(std::mem::size_of::<Sampler>(), 20);
         assert_eq!(std::mem::size_of::<EmbedParams>(), 11 * 8 + 6 * 4);
         let frame =
-            2 * 72 + 18 * 8 + 15 * 4 + 8 * 4 * MAX_BATCH + 2 * 16 * MAX_BATCH + 17 * 4 * MAX_BATCH;
+            2 * 72 + 21 * 8 + 19 * 4 + 8 * 4 * MAX_BATCH + 2 * 20 * MAX_BATCH + 17 * 4 * MAX_BATCH;
         assert_eq!(
             std::mem::size_of::<FrameParams>(),
             frame.next_multiple_of(8)

@@ -1,17 +1,20 @@
 //! voxkernel-cuda: the CUDA backend. One cooperative "megakernel" launch advances a batch of
 //! sequences by one audio frame (code predictor, sub-talker sampling, talker step, codebook-0
-//! sampling). [`CudaCodec`] decodes the frames of many streams to audio (kernels/codec.cu).
+//! sampling). [`CudaCodec`] decodes the frames of many streams to audio (kernels/codec.cu);
+//! [`CudaVoiceEncoder`] encodes reference audio for voice cloning (kernels/encoder.cu).
 //! Kernels are compiled at first use with NVRTC and cached on disk. This is the only crate with
 //! `unsafe` code.
 
 mod backend;
 pub mod bench;
 mod codec;
+mod encoder;
 mod layout;
 pub mod runtime;
 pub mod weights;
 
-pub use backend::{CudaBackend, CudaOptions, ForcedStep};
+pub use backend::{CudaBackend, CudaOptions, ForcedStep, PhaseMark};
 pub use codec::{CudaCodec, CudaCodecOptions};
-pub use layout::MAX_BATCH;
+pub use encoder::CudaVoiceEncoder;
+pub use layout::{MAX_BATCH, PHASE_NAMES, PHASE_TALKER};
 pub use runtime::driver_available;

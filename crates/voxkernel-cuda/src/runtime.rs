@@ -13,8 +13,12 @@ use sha2::{Digest, Sha256};
 /// The megakernel source: every kernel the backend launches lives in this one file.
 pub const FRAME_SOURCE: &str = include_str!("../kernels/frame.cu");
 
-/// The streaming codec decoder's kernels (`CudaCodec`), compiled and cached on their own.
-pub const CODEC_SOURCE: &str = include_str!("../kernels/codec.cu");
+/// The streaming codec decoder's kernels (`CudaCodec`) and the voice encoders'
+/// (`CudaVoiceEncoder`, which reuse the decoder's GEMM), compiled and cached as one module.
+pub const CODEC_SOURCE: &str = concat!(
+    include_str!("../kernels/codec.cu"),
+    include_str!("../kernels/encoder.cu")
+);
 
 /// Environment variable naming a prebuilt CUBIN (for example from `nvcc -cubin -arch=sm_90a`)
 /// to load instead of compiling `FRAME_SOURCE`.
@@ -116,7 +120,7 @@ fn cached_or_compiled(name: &str, source: &str, arch: &str, driver: i32) -> Resu
     }
     eprintln!("voxkernel: compiling the CUDA kernels for {arch} with NVRTC (once; cached)...");
     let started = std::time::Instant::now();
-    let cubin = compile_cubin(source, arch)?;
+    let cubin = compile_cubin(source, arch)?.cubin;
     eprintln!(
         "voxkernel: kernels compiled in {:.1} s",
         started.elapsed().as_secs_f32()
@@ -135,8 +139,14 @@ fn cached_or_compiled(name: &str, source: &str, arch: &str, driver: i32) -> Resu
     Ok(cubin)
 }
 
+/// A compiled module and NVRTC's log, which holds ptxas's resource report (`-Xptxas=-v`).
+pub struct Compiled {
+    pub cubin: Vec<u8>,
+    pub log: String,
+}
+
 /// Compiles `source` to a CUBIN for `arch` (cudarc's safe API only returns PTX).
-pub fn compile_cubin(source: &str, arch: &str) -> Result<Vec<u8>> {
+pub fn compile_cubin(source: &str, arch: &str) -> Result<Compiled> {
     if !nvrtc_available() {
         bail!(
             "NVRTC (libnvrtc.so.13) could not be loaded: add the CUDA 13 lib directory to \
@@ -149,11 +159,15 @@ pub fn compile_cubin(source: &str, arch: &str) -> Result<Vec<u8>> {
         format!("--gpu-architecture={arch}"),
         "-std=c++17".to_string(),
         "-lineinfo".to_string(),
+        "-Xptxas=-v".to_string(),
     ];
     // SAFETY: `prog` was created above and is destroyed exactly once at the end.
     let compiled = unsafe { nvrtc_result::compile_program(prog, &options) };
     let outcome = match compiled {
-        Ok(()) => read_cubin(prog),
+        Ok(()) => read_cubin(prog).map(|cubin| Compiled {
+            cubin,
+            log: program_log(prog),
+        }),
         Err(e) => Err(anyhow::anyhow!(
             "NVRTC failed to compile the kernels for {arch}: {e:?}\n{}",
             program_log(prog)
@@ -176,6 +190,48 @@ fn read_cubin(prog: nvrtc_sys::nvrtcProgram) -> Result<Vec<u8>> {
         .result()
         .context("nvrtcGetCUBIN")?;
     Ok(cubin)
+}
+
+/// One function's line of ptxas's resource report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FunctionResources {
+    pub name: String,
+    pub stack_frame: u64,
+    pub spill_stores: u64,
+    pub spill_loads: u64,
+}
+
+/// Parses ptxas's `-v` report: "Function properties for NAME" followed by
+/// ". S bytes stack frame, T bytes spill stores, L bytes spill loads".
+pub fn resource_report(log: &str) -> Vec<FunctionResources> {
+    let mut out = Vec::new();
+    let mut name: Option<String> = None;
+    for line in log.lines() {
+        if let Some(rest) = line.split("Function properties for ").nth(1) {
+            name = Some(rest.trim().to_string());
+        } else if let Some(n) = name.take() {
+            let number_before = |what: &str| -> Option<u64> {
+                let head = line.split(what).next()?;
+                head.rsplit(|c: char| !c.is_ascii_digit())
+                    .find(|s| !s.is_empty())?
+                    .parse()
+                    .ok()
+            };
+            if let (Some(stack_frame), Some(spill_stores), Some(spill_loads)) = (
+                number_before(" bytes stack frame"),
+                number_before(" bytes spill stores"),
+                number_before(" bytes spill loads"),
+            ) {
+                out.push(FunctionResources {
+                    name: n,
+                    stack_frame,
+                    spill_stores,
+                    spill_loads,
+                });
+            }
+        }
+    }
+    out
 }
 
 fn program_log(prog: nvrtc_sys::nvrtcProgram) -> String {
@@ -212,17 +268,72 @@ mod tests {
         assert_eq!(arch_name(8, 9), "sm_89");
     }
 
-    /// Every kernel source compiles for Hopper. Needs NVRTC but no GPU: scripts/test.sh
-    /// installs PyPI's nvidia-cuda-nvrtc wheel and points LD_LIBRARY_PATH at it.
     #[test]
-    fn kernels_compile_for_sm_90a() {
+    fn resource_report_reads_every_function() {
+        let log = "ptxas info    : Compiling entry function 'frame_kernel' for 'sm_90a'\n\
+                   ptxas info    : Function properties for frame_kernel\n\
+                   ptxas         .     192 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n\
+                   ptxas info    : Used 128 registers, used 1 barriers\n\
+                   ptxas info    : Function properties for embed_rows\n\
+                   ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n";
+        assert_eq!(
+            resource_report(log),
+            vec![
+                FunctionResources {
+                    name: "frame_kernel".into(),
+                    stack_frame: 192,
+                    spill_stores: 8,
+                    spill_loads: 12
+                },
+                FunctionResources {
+                    name: "embed_rows".into(),
+                    stack_frame: 0,
+                    spill_stores: 0,
+                    spill_loads: 0
+                },
+            ]
+        );
+    }
+
+    /// Every kernel source compiles for Hopper without register spills (local-memory traffic
+    /// in the hot loops). Needs NVRTC but no GPU: scripts/test.sh installs PyPI's
+    /// nvidia-cuda-nvrtc wheel and points LD_LIBRARY_PATH at it.
+    #[test]
+    fn kernels_compile_for_sm_90a_without_spills() {
         assert!(
             nvrtc_available(),
             "NVRTC (libnvrtc.so.13) is needed: run ./scripts/test.sh, which installs it"
         );
-        for source in [FRAME_SOURCE, CODEC_SOURCE] {
-            let cubin = compile_cubin(source, "sm_90a").expect("kernels compile");
-            assert_eq!(&cubin[..4], b"\x7fELF");
+        let builds = [
+            ("frame", FRAME_SOURCE, "frame_kernel"),
+            ("codec", CODEC_SOURCE, ""),
+        ];
+        let compiles: Vec<_> = builds
+            .into_iter()
+            .map(|(what, source, kernel)| {
+                std::thread::spawn(move || (what, kernel, compile_cubin(source, "sm_90a")))
+            })
+            .collect();
+        for handle in compiles {
+            let (what, kernel, compiled) = handle.join().expect("compile thread");
+            let compiled = compiled.unwrap_or_else(|e| panic!("{what}: {e:#}"));
+            assert_eq!(&compiled.cubin[..4], b"\x7fELF");
+            let report = resource_report(&compiled.log);
+            assert!(
+                !report.is_empty()
+                    && (kernel.is_empty() || report.iter().any(|f| f.name == kernel)),
+                "{what}: no resource report for the kernels in the log:\n{}",
+                compiled.log
+            );
+            for f in &report {
+                assert!(
+                    f.spill_stores == 0 && f.spill_loads == 0,
+                    "{what}: {} spills registers ({} bytes stored, {} loaded)",
+                    f.name,
+                    f.spill_stores,
+                    f.spill_loads
+                );
+            }
         }
     }
 }

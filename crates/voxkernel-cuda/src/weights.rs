@@ -9,7 +9,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use safetensors::Dtype;
 use voxkernel_core::checkpoint::{Checkpoint, SafetensorsFile};
 
-use crate::layout::LayerPointers;
+use crate::layout::{LayerPointers, MAX_HEAD_DIM};
 
 /// Geometry of one decoder stack (talker or code predictor), read from config.json.
 #[derive(Debug, Clone, Copy)]
@@ -52,6 +52,22 @@ impl StackGeometry {
                 1.0 / (self.rope_theta as f32).powf(exponent)
             })
             .collect()
+    }
+
+    /// The rotary table the kernel reads: for each position `< positions` and `i < head_dim / 2`,
+    /// cos then sin of the f32 angle `pos * inv_freq[i]` (as the official model forms it),
+    /// evaluated in f64 and rounded once.
+    pub fn rope_table(&self, positions: usize) -> Vec<f32> {
+        let inv_freq = self.inv_freq();
+        let mut table = Vec::with_capacity(positions * inv_freq.len() * 2);
+        for pos in 0..positions {
+            for &f in &inv_freq {
+                let angle = f64::from(pos as f32 * f);
+                table.push(angle.cos() as f32);
+                table.push(angle.sin() as f32);
+            }
+        }
+        table
     }
 }
 
@@ -134,8 +150,8 @@ impl Geometry {
                 );
             }
             ensure!(
-                s.head_dim.is_multiple_of(2) && s.head_dim <= 256,
-                "{name}.head_dim = {}: the CUDA backend supports even head_dim up to 256",
+                s.head_dim.is_multiple_of(2) && s.head_dim <= MAX_HEAD_DIM,
+                "{name}.head_dim = {}: the CUDA backend supports even head_dim up to {MAX_HEAD_DIM}",
                 s.head_dim
             );
             ensure!(
@@ -203,15 +219,12 @@ pub struct WeightPointers {
     pub fc1_b: u64,
     pub fc2_w: u64,
     pub fc2_b: u64,
-    pub talker_inv_freq: u64,
-    pub cp_inv_freq: u64,
 }
 
 /// Owns the device copies; the pointers stay valid as long as this lives.
 pub struct DeviceWeights {
     _buffer: CudaSlice<u8>,
     _layer_table: CudaSlice<u64>,
-    _inv_freq: CudaSlice<f32>,
     pub ptr: WeightPointers,
     pub bytes: usize,
 }
@@ -381,11 +394,6 @@ impl DeviceWeights {
             .collect();
         let layer_table = stream.clone_htod(&layer_table_host)?;
         let table_base = layer_table.device_ptr(stream).0;
-        let mut freqs = g.talker.inv_freq();
-        let cp_freq_offset = freqs.len();
-        freqs.extend(g.cp.inv_freq());
-        let inv_freq = stream.clone_htod(&freqs)?;
-        let freq_base = inv_freq.device_ptr(stream).0;
         let at = |o: u64| base + o;
         let ptr = WeightPointers {
             talker_layers: table_base,
@@ -404,15 +412,46 @@ impl DeviceWeights {
             fc1_b: at(fc1_b),
             fc2_w: at(fc2_w),
             fc2_b: at(fc2_b),
-            talker_inv_freq: freq_base,
-            cp_inv_freq: freq_base + (cp_freq_offset * 4) as u64,
         };
         Ok(Self {
             bytes: packer.data.len(),
             _buffer: buffer,
             _layer_table: layer_table,
-            _inv_freq: inv_freq,
             ptr,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_table_holds_cos_and_sin_of_each_position_angle() {
+        let s = StackGeometry {
+            hidden: 64,
+            inter: 128,
+            n_heads: 2,
+            n_kv: 1,
+            head_dim: 8,
+            layers: 1,
+            eps: 1e-6,
+            rope_theta: 1e6,
+        };
+        let table = s.rope_table(3);
+        assert_eq!(table.len(), 3 * 4 * 2);
+        // position 0: no rotation
+        assert!(table[..8].chunks(2).all(|cs| cs == [1.0, 0.0]));
+        // inv_freq[0] = 1: position 1 turns by 1 radian, position 2 by 2
+        assert_eq!(table[8], 1f64.cos() as f32);
+        assert_eq!(table[9], 1f64.sin() as f32);
+        assert_eq!(table[16], 2f64.cos() as f32);
+        assert_eq!(table[17], 2f64.sin() as f32);
+        // inv_freq[1] = 1 / theta^(2/8), in f32 as the official model computes it
+        let angle = f64::from(2.0 * (1.0 / 1e6f32.powf(0.25)));
+        assert_eq!(
+            (table[18], table[19]),
+            (angle.cos() as f32, angle.sin() as f32)
+        );
     }
 }

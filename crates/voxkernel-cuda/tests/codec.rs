@@ -280,6 +280,69 @@ fn sixteen_streams_frame_by_frame_equal_the_one_pass_decode() {
     }
 }
 
+/// The engine's promise: a session's audio beside others is its solo run's, bit for bit. One
+/// stream is decoded in the engine's packets (1, 2, 4, then 8 frames) alone, then again with
+/// 15 other streams of random pieces in every call, so its passes hold other rows every time.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn a_stream_beside_others_equals_its_solo_decode_bit_for_bit() {
+    let options = CudaCodecOptions::default();
+    assert!(
+        options.batch_invariant,
+        "the default plan is batch-invariant"
+    );
+    let mut rng = Lcg(23);
+    let frames = 90;
+    let mine = rng.frames(frames, CODEBOOK_SIZE);
+    let mut packets = Vec::new();
+    let mut at = 0;
+    for size in [1, 2, 4].into_iter().chain(std::iter::repeat(8)) {
+        if at == frames {
+            break;
+        }
+        let size = size.min(frames - at);
+        packets.push(at..at + size);
+        at += size;
+    }
+    let mut solo_codec = gpu(options);
+    let slot = solo_codec.open().unwrap();
+    let mut solo = Vec::new();
+    for p in &packets {
+        solo.extend(
+            solo_codec
+                .decode(&[(slot, &mine[p.clone()])])
+                .unwrap()
+                .remove(0),
+        );
+    }
+    drop(solo_codec);
+
+    let mut shared = gpu(options);
+    let others: Vec<Vec<Frame>> = (0..15).map(|_| rng.frames(400, CODEBOOK_SIZE)).collect();
+    let other_slots: Vec<CodecSlot> = others.iter().map(|_| shared.open().unwrap()).collect();
+    let slot = shared.open().unwrap();
+    let mut done = vec![0; others.len()];
+    let mut beside = Vec::new();
+    for p in &packets {
+        let mut batch: Vec<(CodecSlot, &[Frame])> = Vec::new();
+        for (o, codes) in others.iter().enumerate() {
+            let size = 1 + rng.below(20);
+            batch.push((other_slots[o], &codes[done[o]..done[o] + size]));
+            done[o] += size;
+        }
+        // Somewhere among the others, not always first.
+        let position = rng.below(batch.len() + 1);
+        batch.insert(position, (slot, &mine[p.clone()]));
+        beside.extend(shared.decode(&batch).unwrap().remove(position));
+    }
+    let differing = solo
+        .iter()
+        .zip(&beside)
+        .filter(|(a, b)| a.to_bits() != b.to_bits());
+    assert_eq!(solo.len(), beside.len());
+    assert_eq!(differing.count(), 0, "samples differ from the solo decode");
+}
+
 /// A released slot is reused with its old histories and K/V rows still on the device; the new
 /// stream must start from zeros and position 0 regardless.
 #[test]

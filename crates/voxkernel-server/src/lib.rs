@@ -29,6 +29,7 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tracing::Instrument;
 use voxkernel_core::engine::Engine;
+use voxkernel_core::voice_clone::CloneEncoder;
 
 pub use state::ServerOptions;
 
@@ -58,11 +59,16 @@ impl ShutdownHandle {
 }
 
 impl Server {
-    /// Fails when a Base model's voice encoders or the voices saved in
-    /// [`ServerOptions::voices_dir`] cannot be loaded.
-    pub fn new(engine: Arc<Engine>, options: ServerOptions) -> anyhow::Result<Self> {
+    /// `voice_encoder` encodes the uploads of `POST /v1/voices`: required for a Base model
+    /// (the CPU reference `VoiceEncoder` or a GPU one), refused for the others. Fails also when
+    /// the voices saved in [`ServerOptions::voices_dir`] cannot be loaded.
+    pub fn new(
+        engine: Arc<Engine>,
+        options: ServerOptions,
+        voice_encoder: Option<Box<dyn CloneEncoder>>,
+    ) -> anyhow::Result<Self> {
         Ok(Self {
-            state: Arc::new(AppState::new(engine, options)?),
+            state: Arc::new(AppState::new(engine, options, voice_encoder)?),
         })
     }
 

@@ -8,6 +8,7 @@ use anyhow::Result;
 use tokio::sync::watch;
 use voxkernel_core::config::ModelType;
 use voxkernel_core::engine::Engine;
+use voxkernel_core::voice_clone::CloneEncoder;
 
 use crate::error::FieldError;
 use crate::metrics::Metrics;
@@ -73,10 +74,16 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Fails when a Base model's voice encoders or its saved voices cannot be loaded.
-    pub fn new(engine: Arc<Engine>, options: ServerOptions) -> Result<Self> {
+    /// Fails on a voice encoder that does not fit the model, or saved voices that cannot be
+    /// loaded ([`VoiceRegistry::new`]).
+    pub fn new(
+        engine: Arc<Engine>,
+        options: ServerOptions,
+        voice_encoder: Option<Box<dyn CloneEncoder>>,
+    ) -> Result<Self> {
         let voices = VoiceRegistry::new(
             engine.model(),
+            voice_encoder,
             options.voices_dir.clone(),
             options.max_voices,
         )?;

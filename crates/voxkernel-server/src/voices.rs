@@ -19,8 +19,8 @@ use tokio::sync::Semaphore;
 use voxkernel_core::config::ModelType;
 use voxkernel_core::engine::{Model, SpeechRequest};
 use voxkernel_core::voice_clone::{
-    CloneMode, CloneRequestError, ClonedVoice, MAX_SECONDS, MIN_SECONDS, ReferenceAudio,
-    ReferenceAudioError, VoiceEncoder,
+    CloneEncoder, CloneMode, CloneRequestError, ClonedVoice, MAX_SECONDS, MIN_SECONDS,
+    ReferenceAudio, ReferenceAudioError,
 };
 
 use crate::error::{ApiError, FieldError};
@@ -66,8 +66,8 @@ impl RegisteredVoice {
 
 /// The registered voices of a Base model (none elsewhere) and the encoders that make them.
 pub struct VoiceRegistry {
-    /// Loaded for Base models only.
-    encoder: Option<Arc<VoiceEncoder>>,
+    /// Base models only.
+    encoder: Option<Arc<dyn CloneEncoder>>,
     voices: RwLock<HashMap<String, Arc<RegisteredVoice>>>,
     dir: Option<PathBuf>,
     max_voices: usize,
@@ -78,23 +78,33 @@ pub struct VoiceRegistry {
 }
 
 impl VoiceRegistry {
-    /// Loads the encoders of a Base model and, with `dir`, the voices saved there (creating
-    /// the directory if needed). Any file there that is not a voice of this model is an error.
-    pub fn new(model: &Model, dir: Option<PathBuf>, max_voices: usize) -> Result<Self> {
+    /// A Base model's registry, with its voice encoder and, with `dir`, the voices saved there
+    /// (creating the directory if needed; any file there that is not a voice of this model is
+    /// an error). Other models take neither.
+    pub fn new(
+        model: &Model,
+        encoder: Option<Box<dyn CloneEncoder>>,
+        dir: Option<PathBuf>,
+        max_voices: usize,
+    ) -> Result<Self> {
         let config = &model.checkpoint.config;
-        let base = config.model_type == ModelType::Base;
-        if let (Some(dir), false) = (&dir, base) {
-            bail!(
-                "voices directory {}: only a base model registers voices; this model is {}",
-                dir.display(),
-                config.model_type.as_str()
-            );
+        let model_type = config.model_type.as_str();
+        match (config.model_type == ModelType::Base, &encoder, &dir) {
+            (true, None, _) => {
+                bail!("a base model needs a voice encoder (CPU or GPU) to register voices")
+            }
+            (false, Some(_), _) => bail!(
+                "a voice encoder was given for a {model_type} model; only base models encode \
+                 voices"
+            ),
+            (false, None, Some(dir)) => bail!(
+                "voices directory {}: only a base model registers voices; this model is \
+                 {model_type}",
+                dir.display()
+            ),
+            _ => {}
         }
-        let encoder = base
-            .then(|| VoiceEncoder::from_checkpoint(&model.checkpoint))
-            .transpose()
-            .context("loading the voice-clone encoders")?
-            .map(Arc::new);
+        let encoder: Option<Arc<dyn CloneEncoder>> = encoder.map(Arc::from);
         let voices = match &dir {
             Some(dir) => load_dir(dir, model)?,
             None => Vec::new(),

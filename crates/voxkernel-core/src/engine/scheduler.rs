@@ -266,7 +266,7 @@ pub(super) struct Live {
     chunks_out: usize,
     /// The text so far is not enough to start; set until more text arrives.
     awaiting_text: bool,
-    /// Frames generated this round, not yet decoded.
+    /// Frames generated, not yet decoded.
     pending: Vec<Frame>,
     /// Decoded samples not yet sent, and their frames' codes.
     pcm: Vec<f32>,
@@ -336,6 +336,16 @@ impl Live {
             plan.trailing.pop();
         }
         Ok(Some(plan))
+    }
+
+    /// The pending frames complete the next packet (or the audio has ended): decoding waits
+    /// until then, so the codec runs once per packet instead of once per frame, and a packet's
+    /// audio is ready the round its last frame is.
+    fn decode_due(&self, samples_per_frame: usize) -> bool {
+        let decoded = self.pcm.len() / samples_per_frame;
+        !self.pending.is_empty()
+            && (self.end.is_some()
+                || decoded + self.pending.len() >= self.schedule.frames(self.chunks_out))
     }
 
     fn usage(&self, reason: EndReason, samples_per_frame: usize) -> Usage {
@@ -625,10 +635,11 @@ impl Worker {
         });
     }
 
-    /// Decodes every session's new frames in one codec call.
+    /// Decodes, in one codec call, the frames of every session whose next packet they complete.
     fn decode(&mut self) {
+        let spf = self.codec.samples_per_frame();
         let with_frames: Vec<usize> = (0..self.sessions.len())
-            .filter(|&i| !self.sessions[i].pending.is_empty())
+            .filter(|&i| self.sessions[i].decode_due(spf))
             .collect();
         if with_frames.is_empty() {
             return;

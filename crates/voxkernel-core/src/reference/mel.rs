@@ -48,6 +48,11 @@ impl MelSpectrogram {
         })
     }
 
+    /// [`MelSpectrogram::forward`] as row-major `[frames][128]` floats, for a GPU speaker encoder.
+    pub fn log_mel(&self, samples: &[f32]) -> Result<Vec<f32>> {
+        Ok(self.forward(samples)?.flatten_all()?.to_vec1()?)
+    }
+
     /// Log-mel frames of 24 kHz audio: `[frames, 128]`, frames = `(len + 768 - 1024) / 256 + 1`.
     pub fn forward(&self, samples: &[f32]) -> Result<Tensor> {
         let pad = (N_FFT - HOP) / 2;

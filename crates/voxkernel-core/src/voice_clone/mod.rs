@@ -1,9 +1,10 @@
 //! Voice cloning for the Base models (`create_voice_clone_prompt` and the output trimming of
-//! `generate_voice_clone` in qwen-tts 0.1.1), on the CPU reference:
+//! `generate_voice_clone` in qwen-tts 0.1.1):
 //!
 //! 1. [`ReferenceAudio`]: a clip decoded, mixed to mono and resampled to 24 kHz;
-//! 2. [`VoiceEncoder::encode`]: the clip's x-vector (speaker encoder) and, for in-context
-//!    cloning, its codes (speech tokenizer encoder), giving a [`ClonedVoice`];
+//! 2. [`CloneEncoder::encode`]: the clip's x-vector (speaker encoder) and, for in-context
+//!    cloning, its codes (speech tokenizer encoder), giving a [`ClonedVoice`]. [`VoiceEncoder`]
+//!    is the CPU reference; voxkernel-cuda's `CudaVoiceEncoder` runs the same on the GPU;
 //! 3. [`ClonedVoice::voice`]: the prompt voice of a request ([`Voice::XVector`] or
 //!    [`Voice::Clone`]); `engine::Model::plan` tokenizes its transcript;
 //! 4. [`decode_with_reference`]: in-context output decoded after the reference codes and cut
@@ -80,26 +81,23 @@ impl ClonedVoice {
     }
 }
 
-/// The speaker encoder with its mel front end, and the speech tokenizer's encoder.
-pub struct VoiceEncoder {
-    mel: MelSpectrogram,
-    speaker: SpeakerEncoder,
-    codec: CodecEncoder,
-}
+/// What turns reference audio into a voice: [`VoiceEncoder`] on the CPU, or a GPU encoder
+/// (voxkernel-cuda's `CudaVoiceEncoder`). Shared between threads (a server encodes uploads on
+/// blocking threads); implementations serialize their own device work.
+pub trait CloneEncoder: Send + Sync {
+    /// Where it runs, for logs.
+    fn name(&self) -> String;
 
-impl VoiceEncoder {
-    /// Loads both encoders (f32) from a Base checkpoint.
-    pub fn from_checkpoint(checkpoint: &Checkpoint) -> Result<Self> {
-        Ok(Self {
-            mel: MelSpectrogram::new()?,
-            speaker: SpeakerEncoder::from_checkpoint(checkpoint)?,
-            codec: CodecEncoder::from_checkpoint(checkpoint)?,
-        })
-    }
+    /// The speaker embedding (`extract_speaker_embedding`), talker width.
+    fn x_vector(&self, audio: &ReferenceAudio) -> Result<Vec<f32>>;
+
+    /// The clip's codes (`speech_tokenizer.encode(...).audio_codes`): `ceil(samples / 1920)`
+    /// frames.
+    fn reference_codes(&self, audio: &ReferenceAudio) -> Result<Vec<Frame>>;
 
     /// Encodes a voice. ICL runs both encoders; x-vector-only skips the codec encoder (the
     /// official code computes the codes anyway and drops them).
-    pub fn encode(&self, audio: &ReferenceAudio, mode: CloneMode<'_>) -> Result<ClonedVoice> {
+    fn encode(&self, audio: &ReferenceAudio, mode: CloneMode<'_>) -> Result<ClonedVoice> {
         let reference = match mode {
             CloneMode::Icl { transcript } => {
                 if transcript.trim().is_empty() {
@@ -117,6 +115,30 @@ impl VoiceEncoder {
             reference,
         })
     }
+}
+
+/// The CPU reference: the speaker encoder with its mel front end, and the speech tokenizer's
+/// encoder.
+pub struct VoiceEncoder {
+    mel: MelSpectrogram,
+    speaker: SpeakerEncoder,
+    codec: CodecEncoder,
+}
+
+impl VoiceEncoder {
+    /// Loads both encoders (f32) from a Base checkpoint.
+    pub fn from_checkpoint(checkpoint: &Checkpoint) -> Result<Self> {
+        Ok(Self {
+            mel: MelSpectrogram::new()?,
+            speaker: SpeakerEncoder::from_checkpoint(checkpoint)?,
+            codec: CodecEncoder::from_checkpoint(checkpoint)?,
+        })
+    }
+
+    /// [`CloneEncoder::encode`], callable without the trait in scope.
+    pub fn encode(&self, audio: &ReferenceAudio, mode: CloneMode<'_>) -> Result<ClonedVoice> {
+        CloneEncoder::encode(self, audio, mode)
+    }
 
     /// Log-mel frames of the clip, `[frames][128]` (what the speaker encoder sees).
     pub fn mel(&self, audio: &ReferenceAudio) -> Result<Vec<Vec<f32>>> {
@@ -133,6 +155,20 @@ impl VoiceEncoder {
     /// frames.
     pub fn reference_codes(&self, audio: &ReferenceAudio) -> Result<Vec<Frame>> {
         self.codec.encode(audio.samples())
+    }
+}
+
+impl CloneEncoder for VoiceEncoder {
+    fn name(&self) -> String {
+        "cpu reference (f32)".to_string()
+    }
+
+    fn x_vector(&self, audio: &ReferenceAudio) -> Result<Vec<f32>> {
+        VoiceEncoder::x_vector(self, audio)
+    }
+
+    fn reference_codes(&self, audio: &ReferenceAudio) -> Result<Vec<Frame>> {
+        VoiceEncoder::reference_codes(self, audio)
     }
 }
 

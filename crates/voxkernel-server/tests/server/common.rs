@@ -13,9 +13,11 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
+use voxkernel_core::config::ModelType;
 use voxkernel_core::engine::{Engine, EngineOptions, Model};
 use voxkernel_core::reference::codec_decoder::CodecDecoder;
 use voxkernel_core::reference::{ReferenceBackend, ReferenceCodec};
+use voxkernel_core::voice_clone::{CloneEncoder, VoiceEncoder};
 use voxkernel_server::{Server, ServerOptions, ShutdownHandle};
 
 /// Nothing in these tests may take this long; reaching it means a hang.
@@ -40,6 +42,13 @@ pub fn base_model_dir() -> PathBuf {
 pub fn base_model() -> Arc<Model> {
     static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
     Arc::clone(MODEL.get_or_init(|| Arc::new(Model::load(&base_model_dir()).unwrap())))
+}
+
+/// The CPU voice encoder a Base model's server needs; none for the others.
+pub fn voice_encoder(model: &Model) -> Option<Box<dyn CloneEncoder>> {
+    (model.checkpoint.config.model_type == ModelType::Base).then(|| {
+        Box::new(VoiceEncoder::from_checkpoint(&model.checkpoint).unwrap()) as Box<dyn CloneEncoder>
+    })
 }
 
 /// Short utterances keep the tests fast: the random weights never say EOS.
@@ -71,6 +80,7 @@ impl TestServer {
     ) -> Self {
         let frames = ReferenceBackend::new(&model.checkpoint).unwrap();
         let decoder = Arc::new(CodecDecoder::from_checkpoint(&model.checkpoint).unwrap());
+        let encoder = voice_encoder(&model);
         let engine = Arc::new(
             Engine::start(
                 model,
@@ -82,7 +92,7 @@ impl TestServer {
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let server = Server::new(Arc::clone(&engine), options).unwrap();
+        let server = Server::new(Arc::clone(&engine), options, encoder).unwrap();
         let shutdown = server.shutdown_handle();
         let task = tokio::spawn(server.serve(listener));
         Self {

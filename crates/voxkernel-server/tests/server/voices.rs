@@ -11,7 +11,9 @@ use voxkernel_core::engine::{
     Engine, Model, SamplerOverrides, SessionEvent, SessionRequest, sampling_config_named,
 };
 use voxkernel_core::prompt::TextMode;
-use voxkernel_core::voice_clone::{CloneMode, ClonedVoice, ReferenceAudio, VoiceEncoder};
+use voxkernel_core::voice_clone::{
+    CloneEncoder, CloneMode, ClonedVoice, ReferenceAudio, VoiceEncoder,
+};
 use voxkernel_server::{Server, ServerOptions};
 
 use crate::common::*;
@@ -109,6 +111,7 @@ async fn speak_http(server: &TestServer, voice: &str, seed: u64) -> Vec<i16> {
 }
 
 fn library_voice(model: &Model, mode: CloneMode<'_>) -> ClonedVoice {
+    // The library path: the CPU encoder called directly, not through the server.
     let encoder = VoiceEncoder::from_checkpoint(&model.checkpoint).unwrap();
     let audio = ReferenceAudio::load(&base_model_dir().join("audio/ref_a.wav")).unwrap();
     encoder.encode(&audio, mode).unwrap()
@@ -334,13 +337,17 @@ async fn saved_voices_survive_a_restart() {
     stop(server).await;
 }
 
-fn start_error(model: Arc<Model>, dir: &Path) -> String {
+fn start_error(
+    model: Arc<Model>,
+    encoder: Option<Box<dyn CloneEncoder>>,
+    dir: Option<&Path>,
+) -> String {
     let engine = TestEngine::new(model);
     let options = ServerOptions {
-        voices_dir: Some(dir.to_path_buf()),
+        voices_dir: dir.map(Path::to_path_buf),
         ..base_options()
     };
-    match Server::new(engine.0, options) {
+    match Server::new(engine.0, options, encoder) {
         Ok(_) => panic!("the server started"),
         Err(e) => format!("{e:#}"),
     }
@@ -372,7 +379,7 @@ fn a_voices_dir_that_is_not_this_models_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("voice_0000000000000001.json");
     std::fs::write(&file, b"{\"id\": \"voice_0000000000000001\"").unwrap();
-    let message = start_error(base_model(), dir.path());
+    let message = start_error(base_model(), voice_encoder(&base_model()), Some(dir.path()));
     assert!(
         message.contains(&file.display().to_string()) && message.contains("not a saved voice"),
         "{message}"
@@ -382,7 +389,7 @@ fn a_voices_dir_that_is_not_this_models_is_refused_at_start() {
     let voice = json!({"id": "voice_0000000000000001", "name": "n", "created_at": 1,
                        "audio_seconds": 2.0, "voice": {"x_vector": [0.5, 0.5, 0.5], "reference": null}});
     std::fs::write(&file, voice.to_string()).unwrap();
-    let message = start_error(base_model(), dir.path());
+    let message = start_error(base_model(), voice_encoder(&base_model()), Some(dir.path()));
     assert!(
         message.contains("not a voice of this model") && message.contains("x_vector"),
         "{message}"
@@ -396,9 +403,21 @@ fn a_voices_dir_that_is_not_this_models_is_refused_at_start() {
         voices_dir: Some(dir.path().to_path_buf()),
         ..base_options()
     };
-    assert!(Server::new(engine.0, options).is_ok());
-    let message = start_error(model(), dir.path());
+    assert!(Server::new(engine.0, options, voice_encoder(&base_model())).is_ok());
+    let message = start_error(model(), None, Some(dir.path()));
     assert!(message.contains("only a base model"), "{message}");
+}
+
+#[test]
+fn a_base_model_needs_a_voice_encoder_and_the_others_take_none() {
+    let message = start_error(base_model(), None, None);
+    assert!(message.contains("needs a voice encoder"), "{message}");
+    let encoder = voice_encoder(&base_model());
+    let message = start_error(model(), encoder, None);
+    assert!(
+        message.contains("custom_voice") && message.contains("only base models"),
+        "{message}"
+    );
 }
 
 /// A mono 16-bit WAV of `samples` samples of a quiet sawtooth.

@@ -1,0 +1,601 @@
+//! `CudaVoiceEncoder`: the voice-clone encoders on the GPU, in f32, behind
+//! [`CloneEncoder`]. The speaker encoder (ECAPA-TDNN, `speaker.rs`) and the speech tokenizer's
+//! encoder (SEANet, transformer, downsample and split RVQ, `tokenizer.rs`) compute what the CPU
+//! reference (`voxkernel_core::reference::{speaker_encoder, codec_encoder}`) computes, layer by
+//! layer; the log-mel front end stays on the CPU (`MelSpectrogram`, a few milliseconds per clip:
+//! docs/voice_clone.md).
+//!
+//! A clip is encoded eagerly: each call allocates its activations (stream-ordered), launches
+//! every layer on one stream and reads the result back. The convolutions and projections are the
+//! codec decoder's tiled GEMM (kernels/codec.cu, over a one-entry batch); kernels/encoder.cu
+//! holds the rest.
+
+mod speaker;
+mod tokenizer;
+
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context, Result, bail, ensure};
+use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+use voxkernel_core::backend::Frame;
+use voxkernel_core::checkpoint::{Checkpoint, SafetensorsFile};
+use voxkernel_core::reference::mel::MelSpectrogram;
+use voxkernel_core::voice_clone::{CloneEncoder, ReferenceAudio};
+
+use self::speaker::SpeakerEncoder;
+use self::tokenizer::TokenizerEncoder;
+use crate::codec::{
+    ACT_NONE, Batch, EPI_NONE, GEMM_THREADS, GemmKernel, GemmParams, SPLIT_COUNTERS,
+    SPLIT_WORKSPACE_FLOATS, TiledGemm, alloc_f32, device_ptr,
+};
+use crate::runtime;
+
+/// Edge rows of `gather_rows` (kernels/encoder.cu).
+const PAD_REFLECT: i32 = 0;
+const PAD_REPLICATE: i32 = 1;
+/// Threads of the element-wise kernels, and the most blocks one is given (they loop).
+const THREADS: u32 = 256;
+const MAX_BLOCKS: usize = 1 << 16;
+/// The kernels' shared arrays: `MAX_HEAD_DIM` (codec.cu) and `RVQ_MAX_DIM`.
+const MAX_HEAD_DIM: usize = 128;
+const RVQ_MAX_DIM: usize = 1024;
+const RVQ_THREADS: u32 = 256;
+const ATTENTION_THREADS: u32 = 128;
+/// Shared memory a kernel may use without opting in.
+const DEFAULT_SMEM_BYTES: usize = 48 * 1024;
+/// CUDA's limit on a grid's y dimension (the GEMM's row tiles).
+const MAX_GRID_Y: usize = 65_535;
+
+// ---- kernel parameter blocks: `#[repr(C)]` mirrors of the structs in kernels/encoder.cu ----
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct GatherParams {
+    dst: u64,
+    a: u64,
+    b: u64,
+    dst_ld: i32,
+    a_ld: i32,
+    b_ld: i32,
+    rows: i32,
+    cols: i32,
+    left: i32,
+    right: i32,
+    mode: i32,
+    pad_only: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct LayerNormParams {
+    input: u64,
+    out: u64,
+    w: u64,
+    b: u64,
+    width: i32,
+    eps: f32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct RopeParams {
+    qkv: u64,
+    cos: u64,
+    sin: u64,
+    rows: i32,
+    width: i32,
+    head_dim: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct CausalAttnParams {
+    qkv: u64,
+    out: u64,
+    rows: i32,
+    width: i32,
+    head_dim: i32,
+    scale: f32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct SeGateParams {
+    h: u64,
+    gate: u64,
+    w1: u64,
+    b1: u64,
+    w2: u64,
+    b2: u64,
+    rows: i32,
+    channels: i32,
+    se: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct SeApplyParams {
+    h: u64,
+    gate: u64,
+    res: u64,
+    out: u64,
+    out2: u64,
+    rows: i32,
+    channels: i32,
+    out2_ld: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct PoolParams {
+    x: u64,
+    scores: u64,
+    out: u64,
+    rows: i32,
+    channels: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct RvqEncodeParams {
+    input: u64,
+    codebooks: u64,
+    norms: u64,
+    codes: u64,
+    in_ld: i32,
+    layers: i32,
+    size: i32,
+    dim: i32,
+    first_code: i32,
+}
+
+// SAFETY: plain-old-data `#[repr(C)]` structs of integers, floats and device addresses, passed by
+// value as kernel parameters; each one's layout mirrors the struct of the same role in
+// kernels/encoder.cu.
+unsafe impl DeviceRepr for GatherParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for LayerNormParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for RopeParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for CausalAttnParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for SeGateParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for SeApplyParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for PoolParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for RvqEncodeParams {}
+
+/// Time-major rows on the device: `pad` rows of padding, the `rows` rows a layer wrote, then
+/// `tail` rows of padding; `width` floats each. Allocated zeroed, so zero padding needs nothing
+/// more.
+struct Rows {
+    buf: CudaSlice<f32>,
+    base: u64,
+    width: usize,
+    pad: usize,
+    rows: usize,
+    tail: usize,
+}
+
+impl Rows {
+    /// Device address of the first padding row (what a padded convolution reads first).
+    fn first(&self) -> u64 {
+        self.base
+    }
+
+    /// Device address of written row `r`.
+    fn row(&self, r: usize) -> u64 {
+        self.base + 4 * ((self.pad + r) * self.width) as u64
+    }
+}
+
+/// Checkpoint tensors under a prefix, as f32, checked against their shapes.
+struct Tensors<'a> {
+    file: &'a SafetensorsFile,
+    prefix: &'a str,
+}
+
+impl Tensors<'_> {
+    fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let full = format!("{}{name}", self.prefix);
+        let (data, actual) = self
+            .file
+            .f32(&full)
+            .with_context(|| format!("{}: tensor {full}", self.file.path().display()))?;
+        ensure!(
+            actual == shape,
+            "{}: tensor {full} has shape {actual:?}, the config implies {shape:?}",
+            self.file.path().display()
+        );
+        Ok(data)
+    }
+}
+
+/// A matrix product launch of `conv_gemm` over one clip: `m` output rows, row `t` reading input
+/// rows `t + j * dilation` (`taps` of them, `cin` floats apart) from `input`.
+#[derive(Debug, Clone, Copy)]
+struct GemmCall {
+    input: u64,
+    cin: usize,
+    taps: usize,
+    dilation: usize,
+    m: usize,
+    act: i32,
+    w: u64,
+    n: usize,
+    /// 0: none.
+    bias: u64,
+    epi: i32,
+    out: u64,
+    /// Floats between output rows (and residual rows); `n` for a plain matrix, more for a
+    /// column slice of a wider one.
+    out_ld: usize,
+    res: u64,
+    col_scale: u64,
+}
+
+impl GemmCall {
+    /// `input [m, cin] @ w [cin, n]` into `out [m, n]`, nothing else applied.
+    fn matmul(input: u64, cin: usize, m: usize, w: u64, n: usize, out: u64) -> Self {
+        Self {
+            input,
+            cin,
+            taps: 1,
+            dilation: 1,
+            m,
+            act: ACT_NONE,
+            w,
+            n,
+            bias: 0,
+            epi: EPI_NONE,
+            out,
+            out_ld: n,
+            res: 0,
+            col_scale: 0,
+        }
+    }
+}
+
+/// The kernels of kernels/encoder.cu.
+struct Kernels {
+    gemm: TiledGemm,
+    gather: CudaFunction,
+    layer_norm: CudaFunction,
+    rope: CudaFunction,
+    attention: CudaFunction,
+    se_gate: CudaFunction,
+    se_apply: CudaFunction,
+    pool: CudaFunction,
+    rvq: CudaFunction,
+}
+
+/// The device side every encode call uses: one stream, the kernels, the split-depth scratch
+/// of the GEMM and the one-entry batch tables.
+struct Gpu {
+    stream: Arc<CudaStream>,
+    kernels: Kernels,
+    workspace: CudaSlice<f32>,
+    counters: CudaSlice<u32>,
+    /// All zeros: frame 0 of entry 0, the only entry.
+    _tables: CudaSlice<u32>,
+    batch: Batch,
+}
+
+fn launch_config(blocks: usize, threads: u32, smem: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (blocks.clamp(1, MAX_BLOCKS) as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: smem as u32,
+    }
+}
+
+impl Gpu {
+    fn new() -> Result<Self> {
+        let ctx = runtime::open_device()?;
+        let stream = ctx.new_stream().context("creating the encoder stream")?;
+        let module = runtime::load_source(&ctx, "codec", runtime::CODEC_SOURCE)?;
+        let sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let kernels = Kernels {
+            gemm: TiledGemm::load(&module, sms as usize)?,
+            gather: module.load_function("gather_rows")?,
+            layer_norm: module.load_function("layer_norm")?,
+            rope: module.load_function("rope_qk")?,
+            attention: module.load_function("causal_attention")?,
+            se_gate: module.load_function("se_gate")?,
+            se_apply: module.load_function("se_apply")?,
+            pool: module.load_function("pool_stats")?,
+            rvq: module.load_function("rvq_encode")?,
+        };
+        let workspace = alloc_f32(&stream, SPLIT_WORKSPACE_FLOATS, "split-depth workspace")?;
+        let counters = stream
+            .alloc_zeros::<u32>(SPLIT_COUNTERS)
+            .context("allocating split-depth counters")?;
+        let tables = stream
+            .alloc_zeros::<u32>(8)
+            .context("allocating the batch tables")?;
+        let t = device_ptr(&tables, &stream);
+        let batch = Batch {
+            frame_entry: t,
+            entry_frame0: t,
+            entry_frames: t,
+            entry_slot: t,
+            entry_pos0: t,
+            codes: t,
+            rope_cos: t,
+            rope_sin: t,
+            frames: 1,
+            entries: 1,
+        };
+        stream.synchronize()?;
+        Ok(Self {
+            stream,
+            kernels,
+            workspace,
+            counters,
+            _tables: tables,
+            batch,
+        })
+    }
+
+    fn rows(&self, width: usize, pad: usize, rows: usize, tail: usize, what: &str) -> Result<Rows> {
+        let buf = alloc_f32(&self.stream, (pad + rows + tail) * width, what)?;
+        Ok(Rows {
+            base: device_ptr(&buf, &self.stream),
+            buf,
+            width,
+            pad,
+            rows,
+            tail,
+        })
+    }
+
+    /// `data` (`[rows][width]`) on the device, without padding.
+    fn upload(&self, data: &[f32], width: usize) -> Result<Rows> {
+        let buf = self.stream.clone_htod(data).context("uploading rows")?;
+        Ok(Rows {
+            base: device_ptr(&buf, &self.stream),
+            buf,
+            width,
+            pad: 0,
+            rows: data.len() / width,
+            tail: 0,
+        })
+    }
+
+    /// Uploads packed weights once; ops refer to them by offset from the returned address.
+    fn upload_weights(&self, data: &[f32]) -> Result<(CudaSlice<f32>, u64)> {
+        let buf = self
+            .stream
+            .clone_htod(data)
+            .context("uploading encoder weights")?;
+        let base = device_ptr(&buf, &self.stream);
+        self.stream.synchronize()?;
+        Ok((buf, base))
+    }
+
+    fn gemm(&self, g: &GemmCall) -> Result<()> {
+        let k = g.taps * g.cin;
+        let GemmKernel::Tiled {
+            bm,
+            splits,
+            k_split,
+        } = self.kernels.gemm.plan(g.m, g.n, k)
+        else {
+            bail!("internal: the encoders use the tiled GEMM only");
+        };
+        let (function, grid) = self
+            .kernels
+            .gemm
+            .function(bm, g.m, g.n, splits)
+            .context("internal: no GEMM kernel for the plan")?;
+        ensure!(
+            grid.1 <= MAX_GRID_Y,
+            "encoder: {} rows are more than one GEMM launch takes ({})",
+            g.m,
+            MAX_GRID_Y * bm
+        );
+        let p = GemmParams {
+            input: g.input,
+            w: g.w,
+            bias: g.bias,
+            out: g.out,
+            res: g.res,
+            col_scale: g.col_scale,
+            workspace: device_ptr(&self.workspace, &self.stream),
+            counters: device_ptr(&self.counters, &self.stream),
+            m: g.m as i32,
+            n: g.n as i32,
+            k: k as i32,
+            rate: g.m as i32,
+            cin: g.cin as i32,
+            taps: g.taps as i32,
+            dilation: g.dilation as i32,
+            out_width: g.out_ld as i32,
+            out_stride: 1,
+            bias_len: g.n as i32,
+            act: g.act,
+            epi: g.epi,
+            k_split: k_split as i32,
+            ..Default::default()
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (grid.0 as u32, grid.1 as u32, grid.2 as u32),
+            block_dim: (GEMM_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = self.stream.launch_builder(function);
+        l.arg(&p).arg(&self.batch);
+        // SAFETY: the callers size `input` for `m` rows of `taps` taps `dilation` apart, `out`
+        // (and `res`) for `m` rows of `out_ld` floats, the weights for `taps * cin x n` floats
+        // plus `n` of bias and column scale; split plans stay within the workspace and counters;
+        // the one-entry batch maps every row to entry 0 at frame 0.
+        unsafe { l.launch(cfg) }.context("launching conv_gemm")?;
+        Ok(())
+    }
+
+    fn gather(&self, p: GatherParams) -> Result<()> {
+        let written = if p.pad_only != 0 {
+            p.left + p.right
+        } else {
+            p.left + p.rows + p.right
+        };
+        let total = written as usize * p.cols as usize;
+        if total == 0 {
+            return Ok(());
+        }
+        let mut l = self.stream.launch_builder(&self.kernels.gather);
+        l.arg(&p);
+        // SAFETY: `dst` holds `left + rows + right` rows of `dst_ld` floats; `a` and `b` hold
+        // `rows` rows of their strides (one row for a broadcast); edge rows map into 0..rows.
+        unsafe { l.launch(launch_config(total.div_ceil(THREADS as usize), THREADS, 0)) }
+            .context("launching gather_rows")?;
+        Ok(())
+    }
+
+    /// Fills the padding rows of `x` from its own rows (reflect or replicate).
+    fn pad_in_place(&self, x: &Rows, mode: i32) -> Result<()> {
+        ensure!(
+            mode == PAD_REPLICATE || x.rows > x.pad.max(x.tail),
+            "reflect padding of {}/{} rows needs more than {} rows, got {}",
+            x.pad,
+            x.tail,
+            x.pad.max(x.tail),
+            x.rows
+        );
+        self.gather(GatherParams {
+            dst: x.first(),
+            a: x.row(0),
+            dst_ld: x.width as i32,
+            a_ld: x.width as i32,
+            rows: x.rows as i32,
+            cols: x.width as i32,
+            left: x.pad as i32,
+            right: x.tail as i32,
+            mode,
+            pad_only: 1,
+            ..Default::default()
+        })
+    }
+
+    /// `[rows][width]` LayerNorm of `input` into `out` (weight and bias addresses).
+    fn layer_norm(
+        &self,
+        input: u64,
+        out: u64,
+        (w, b): (u64, u64),
+        rows: usize,
+        width: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let p = LayerNormParams {
+            input,
+            out,
+            w,
+            b,
+            width: width as i32,
+            eps,
+        };
+        let mut l = self.stream.launch_builder(&self.kernels.layer_norm);
+        l.arg(&p);
+        // SAFETY: one block per row of `width` floats in both buffers.
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        unsafe { l.launch(cfg) }.context("launching layer_norm")?;
+        Ok(())
+    }
+
+    fn download_u32(&self, buf: &CudaSlice<u32>) -> Result<Vec<u32>> {
+        let out = self.stream.clone_dtoh(buf)?;
+        self.stream.synchronize()?;
+        Ok(out)
+    }
+
+    fn download(&self, x: &Rows) -> Result<Vec<f32>> {
+        let all = self.stream.clone_dtoh(&x.buf)?;
+        self.stream.synchronize()?;
+        let start = x.pad * x.width;
+        Ok(all[start..start + x.rows * x.width].to_vec())
+    }
+}
+
+/// The speaker encoder and the speech tokenizer's encoder of a Base checkpoint, on the GPU
+/// (device 0), with the log-mel front end on the CPU.
+pub struct CudaVoiceEncoder {
+    mel: MelSpectrogram,
+    speaker: SpeakerEncoder,
+    tokenizer: TokenizerEncoder,
+    /// Encode calls take turns: they share the stream and the GEMM's split scratch.
+    gpu: Mutex<Gpu>,
+    device_name: String,
+}
+
+impl CudaVoiceEncoder {
+    /// Loads both encoders (f32) from a Base checkpoint, compiling the kernels on first use.
+    pub fn from_checkpoint(checkpoint: &Checkpoint) -> Result<Self> {
+        let gpu = Gpu::new()?;
+        let device_name = gpu
+            .stream
+            .context()
+            .name()
+            .unwrap_or_else(|_| "unknown GPU".to_string());
+        Ok(Self {
+            mel: MelSpectrogram::new()?,
+            speaker: SpeakerEncoder::from_checkpoint(checkpoint, &gpu)?,
+            tokenizer: TokenizerEncoder::from_checkpoint(checkpoint, &gpu)?,
+            gpu: Mutex::new(gpu),
+            device_name,
+        })
+    }
+
+    pub fn device_name(&self) -> &str {
+        &self.device_name
+    }
+
+    fn gpu(&self) -> Result<std::sync::MutexGuard<'_, Gpu>> {
+        self.gpu
+            .lock()
+            .map_err(|_| anyhow::anyhow!("a previous encode call panicked on the GPU"))
+    }
+}
+
+impl CloneEncoder for CudaVoiceEncoder {
+    fn name(&self) -> String {
+        format!("cuda ({}, f32; log-mel on the CPU)", self.device_name)
+    }
+
+    fn x_vector(&self, audio: &ReferenceAudio) -> Result<Vec<f32>> {
+        let mel = self.mel.log_mel(audio.samples())?;
+        self.speaker.forward(&*self.gpu()?, &mel)
+    }
+
+    fn reference_codes(&self, audio: &ReferenceAudio) -> Result<Vec<Frame>> {
+        self.tokenizer.encode(&*self.gpu()?, audio.samples())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameter_blocks_have_the_kernel_layout() {
+        // Sizes from the CUDA declarations: pointers first, then 4-byte fields, padded to 8.
+        assert_eq!(std::mem::size_of::<GatherParams>(), 3 * 8 + 9 * 4 + 4);
+        assert_eq!(std::mem::size_of::<LayerNormParams>(), 4 * 8 + 2 * 4);
+        assert_eq!(std::mem::size_of::<RopeParams>(), 3 * 8 + 3 * 4 + 4);
+        assert_eq!(std::mem::size_of::<CausalAttnParams>(), 2 * 8 + 4 * 4);
+        assert_eq!(std::mem::size_of::<SeGateParams>(), 6 * 8 + 3 * 4 + 4);
+        assert_eq!(std::mem::size_of::<SeApplyParams>(), 5 * 8 + 3 * 4 + 4);
+        assert_eq!(std::mem::size_of::<PoolParams>(), 3 * 8 + 2 * 4);
+        assert_eq!(std::mem::size_of::<RvqEncodeParams>(), 4 * 8 + 5 * 4 + 4);
+    }
+}

@@ -64,15 +64,16 @@ impl RegisteredVoice {
     }
 }
 
-/// The registered voices of a Base model (none elsewhere) and the encoders that make them.
+/// The registered voices of a Base model (none elsewhere) and the encoder that makes them.
 pub struct VoiceRegistry {
     /// Base models only.
     encoder: Option<Arc<dyn CloneEncoder>>,
     voices: RwLock<HashMap<String, Arc<RegisteredVoice>>>,
     dir: Option<PathBuf>,
     max_voices: usize,
-    /// One encode at a time: it is seconds of CPU at full size, and two at once would only
-    /// slow each other and the engine down. The permit also makes the limit check and the
+    /// One encode at a time: on the CPU one takes both cores for half a second at full size,
+    /// and two at once would only slow each other and the engine down (a GPU encoder
+    /// serializes its device work anyway). The permit also makes the limit check and the
     /// insert of one registration atomic.
     encoding: Arc<Semaphore>,
 }

@@ -49,7 +49,11 @@ fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                // symphonia logs a failed format probe as an error; to us that is a client's
+                // unreadable upload, answered with a 400 that says so.
+                .unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new("info,symphonia_core::formats::probe=off")
+                }),
         )
         .with_writer(std::io::stderr)
         // Plain text into log files and pipes (a server's usual stderr).

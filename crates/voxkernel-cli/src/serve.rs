@@ -1,11 +1,12 @@
 //! `voxkernel serve`: the engine behind the HTTP and WebSocket server.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use voxkernel_core::config::ModelType;
 use voxkernel_core::engine::{Engine, EngineOptions, Model};
 use voxkernel_core::prompt::PlanLimits;
 use voxkernel_server::{Server, ServerOptions};
@@ -40,6 +41,16 @@ pub struct ServeArgs {
     /// Most characters of text per utterance (HTTP input, WebSocket context) or instruction.
     #[arg(long, default_value_t = 4096)]
     max_text_chars: usize,
+    /// Base models: registered voices held at once (POST /v1/voices past it gets 409).
+    #[arg(long, default_value_t = 100)]
+    max_voices: usize,
+    /// Base models: most bytes in a POST /v1/voices upload (16 MiB).
+    #[arg(long, default_value_t = 16 * 1024 * 1024)]
+    max_upload_bytes: usize,
+    /// Base models: save registered voices in this directory (one JSON file each) and load
+    /// them from it at start; without it they live in memory until the server stops.
+    #[arg(long)]
+    voices_dir: Option<PathBuf>,
     /// After SIGTERM or Ctrl-C, how long in-flight streams may take to finish before they are
     /// cut (a second signal cuts them at once).
     #[arg(long, default_value_t = 30)]
@@ -72,6 +83,14 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let frames = backends::frame_backend(args.backend, &model, options.max_active, max_len)?;
     let codec = backends::codec_backend(args.backend, &model, options.max_active)?;
     tracing::info!(frames = %frames.name(), codec = %codec.name(), "backends ready");
+    let voice_encoder = match model.checkpoint.config.model_type {
+        ModelType::Base => {
+            let encoder = backends::voice_encoder(args.backend, &model)?;
+            tracing::info!(encoder = %encoder.name(), "voice encoder ready (POST /v1/voices)");
+            Some(encoder)
+        }
+        _ => None,
+    };
     let engine = Arc::new(Engine::start(Arc::clone(&model), frames, codec, options)?);
 
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
@@ -83,9 +102,13 @@ async fn serve(args: ServeArgs) -> Result<()> {
         ServerOptions {
             api_key: args.api_key,
             max_text_chars: args.max_text_chars,
+            max_upload_bytes: args.max_upload_bytes,
+            max_voices: args.max_voices,
+            voices_dir: args.voices_dir,
             ..ServerOptions::new(model_id(&args.model))
         },
-    );
+        voice_encoder,
+    )?;
     let handle = server.shutdown_handle();
     let timeout = Duration::from_secs(args.shutdown_timeout_secs);
     tokio::spawn(async move {

@@ -21,6 +21,15 @@ pub enum ModelType {
 impl ModelType {
     pub const ALL: [&'static str; 3] = ["base", "custom_voice", "voice_design"];
 
+    /// The `tts_model_type` string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Base => "base",
+            Self::CustomVoice => "custom_voice",
+            Self::VoiceDesign => "voice_design",
+        }
+    }
+
     fn parse(s: &str) -> Result<Self> {
         match s {
             "base" => Ok(Self::Base),

@@ -76,6 +76,22 @@ impl ApiError {
         )
     }
 
+    pub fn voice_not_found(id: &str) -> Self {
+        Self {
+            param: Some("voice_id".into()),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("voice_id: no registered voice {id:?}; GET /v1/voices lists them"),
+            )
+        }
+    }
+
+    /// A registration past the server's voice limit.
+    pub fn voice_limit(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "voice_limit_reached", message)
+    }
+
     pub fn too_large(message: impl Into<String>) -> Self {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
     }

@@ -2,6 +2,8 @@
 //!
 //! - `POST /v1/audio/speech`: OpenAI's speech endpoint, streamed ([`speech`]);
 //! - `GET /v1/tts/ws`: the WebSocket context protocol of docs/protocol.md ([`ws`]);
+//! - `POST /v1/voices`, `GET`/`DELETE /v1/voices/{id}`: registered (cloned) voices of a Base
+//!   model ([`voices`]);
 //! - `GET /v1/models`, `GET /v1/voices`, `/healthz`, `/readyz`, `/metrics`.
 //!
 //! docs/server.md documents the HTTP API.
@@ -12,6 +14,7 @@ mod metrics;
 mod request;
 mod speech;
 mod state;
+mod voices;
 mod ws;
 
 use std::sync::Arc;
@@ -21,11 +24,12 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Json, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use serde_json::json;
 use tokio::net::TcpListener;
 use tracing::Instrument;
 use voxkernel_core::engine::Engine;
+use voxkernel_core::voice_clone::CloneEncoder;
 
 pub use state::ServerOptions;
 
@@ -55,10 +59,17 @@ impl ShutdownHandle {
 }
 
 impl Server {
-    pub fn new(engine: Arc<Engine>, options: ServerOptions) -> Self {
-        Self {
-            state: Arc::new(AppState::new(engine, options)),
-        }
+    /// `voice_encoder` encodes the uploads of `POST /v1/voices`: required for a Base model
+    /// (the CPU reference `VoiceEncoder` or a GPU one), refused for the others. Fails also when
+    /// the voices saved in [`ServerOptions::voices_dir`] cannot be loaded.
+    pub fn new(
+        engine: Arc<Engine>,
+        options: ServerOptions,
+        voice_encoder: Option<Box<dyn CloneEncoder>>,
+    ) -> anyhow::Result<Self> {
+        Ok(Self {
+            state: Arc::new(AppState::new(engine, options, voice_encoder)?),
+        })
     }
 
     pub fn shutdown_handle(&self) -> ShutdownHandle {
@@ -92,7 +103,16 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/audio/speech", post(speech::speech))
         .route("/v1/tts/ws", get(ws::upgrade))
         .route("/v1/models", get(models))
-        .route("/v1/voices", get(voices))
+        .route(
+            "/v1/voices",
+            get(list_voices)
+                .post(voices::register)
+                .layer(DefaultBodyLimit::max(state.options.max_upload_bytes)),
+        )
+        .route(
+            "/v1/voices/{id}",
+            get(voices::show).merge(delete(voices::delete)),
+        )
         .route("/metrics", get(prometheus))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
     Router::new()
@@ -193,14 +213,17 @@ async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
     }))
 }
 
-async fn voices(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+async fn list_voices(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
     let config = &state.engine.model().checkpoint.config;
+    let registered: Vec<_> = state.voices.list().iter().map(|v| v.json()).collect();
     Json(json!({
         "object": "list",
         "data": [{
             "model": state.options.model_id,
             "model_type": config.model_type,
-            "voices": state.voices(),
+            "voices": state.voice_names(),
+            "registered_voices": registered,
+            "max_registered_voices": state.voices.max_voices(),
             "languages": config.languages(),
             "supports_instruct": config.supports_instruct(),
         }],

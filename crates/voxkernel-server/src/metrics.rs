@@ -24,6 +24,8 @@ pub struct Metrics {
     pub http_streams: IntGauge,
     pub ws_connections: IntGauge,
     pub ws_contexts: IntGauge,
+    pub registered_voices: IntGauge,
+    pub voice_encode_seconds: Histogram,
     rss: IntGauge,
     /// The engine's counters at the last scrape, so ours advance by the difference.
     last: Mutex<EngineStats>,
@@ -50,6 +52,14 @@ impl Metrics {
             .buckets(vec![
                 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0, 8.0, 16.0,
             ]),
+        )
+        .expect("valid histogram");
+        let voice_encode_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "voxkernel_voice_encode_seconds",
+                "Decoding and encoding a registered voice's reference clip (POST /v1/voices)",
+            )
+            .buckets(vec![0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0]),
         )
         .expect("valid histogram");
         let audio_seconds = prometheus::Counter::new(
@@ -106,6 +116,11 @@ impl Metrics {
                 "voxkernel_ws_contexts",
                 "Open contexts over all WebSocket connections",
             ),
+            registered_voices: gauge(
+                "voxkernel_registered_voices",
+                "Voices registered with POST /v1/voices (Base models)",
+            ),
+            voice_encode_seconds,
             rss: gauge(
                 "process_resident_memory_bytes",
                 "Resident memory of the server process (Linux)",
@@ -133,6 +148,8 @@ impl Metrics {
             Box::new(metrics.http_streams.clone()),
             Box::new(metrics.ws_connections.clone()),
             Box::new(metrics.ws_contexts.clone()),
+            Box::new(metrics.registered_voices.clone()),
+            Box::new(metrics.voice_encode_seconds.clone()),
             Box::new(metrics.rss.clone()),
         ];
         for c in collectors {

@@ -9,6 +9,7 @@ use voxkernel_core::prompt::{TextMode, Voice};
 
 use crate::error::FieldError;
 use crate::state::AppState;
+use crate::voices::ID_PREFIX;
 
 /// Talker sampling; each field falls back to the checkpoint's `generation_config.json`.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -66,6 +67,13 @@ impl Settings<'_> {
         }
         let instruct = self.instruct.filter(|s| !s.trim().is_empty());
         if let Some(instruct) = instruct {
+            if config.model_type == ModelType::Base {
+                return Err(FieldError::new(
+                    self.instruct_field,
+                    "a base model takes no instruction (its voice comes from the reference \
+                     audio); omit it",
+                ));
+            }
             state.check_text_length(self.instruct_field, instruct)?;
         } else if config.model_type == ModelType::VoiceDesign {
             return Err(FieldError::new(
@@ -124,6 +132,25 @@ impl Settings<'_> {
     fn voice(&self, state: &AppState) -> Result<Voice, FieldError> {
         let config = &state.engine.model().checkpoint.config;
         let field = self.voice_field;
+        let valid = || {
+            let names = state.voice_names();
+            if names.is_empty() {
+                "none yet; register one with POST /v1/voices".to_string()
+            } else {
+                names.join(", ")
+            }
+        };
+        // An id of a registered voice given to a model that cannot clone.
+        let clone_hint = |name: &str| {
+            if name.starts_with(ID_PREFIX) {
+                format!(
+                    "; registered (cloned) voices need a base model, and this is a {} model",
+                    config.model_type.as_str()
+                )
+            } else {
+                String::new()
+            }
+        };
         match (config.model_type, self.voice) {
             (ModelType::CustomVoice, Some(name)) => {
                 if config.talker.spk_id.contains_key(&name.to_lowercase()) {
@@ -132,31 +159,44 @@ impl Settings<'_> {
                     Err(FieldError::new(
                         field,
                         format!(
-                            "unknown speaker {name:?}; valid: {}",
-                            state.voices().join(", ")
+                            "unknown speaker {name:?}{}; valid: {}",
+                            clone_hint(name),
+                            valid()
                         ),
                     ))
                 }
             }
             (ModelType::CustomVoice, None) => Err(FieldError::new(
                 field,
-                format!(
-                    "required for this custom_voice model; valid: {}",
-                    state.voices().join(", ")
-                ),
+                format!("required for this custom_voice model; valid: {}", valid()),
             )),
             (ModelType::VoiceDesign, None | Some(DESIGN_VOICE)) => Ok(Voice::Design),
             (ModelType::VoiceDesign, Some(name)) => Err(FieldError::new(
                 field,
                 format!(
-                    "{name:?}: a voice_design model has no preset speakers; omit the voice (or \
-                     give \"{DESIGN_VOICE}\") and describe it in the instruction"
+                    "{name:?}{}: a voice_design model has no preset speakers; omit the voice (or \
+                     give \"{DESIGN_VOICE}\") and describe it in the instruction",
+                    clone_hint(name)
                 ),
             )),
-            (ModelType::Base, _) => Err(FieldError::new(
+            (ModelType::Base, Some(id)) => match state.voices.get(id) {
+                Some(registered) => Ok(registered.voice.voice()),
+                None => Err(FieldError::new(
+                    field,
+                    format!(
+                        "{id:?} is not a registered voice; a base model speaks in the voices \
+                         registered with POST /v1/voices; valid: {}",
+                        valid()
+                    ),
+                )),
+            },
+            (ModelType::Base, None) => Err(FieldError::new(
                 field,
-                "this base model clones a voice from reference audio, which the server does not \
-                 support yet; serve a custom_voice or voice_design model",
+                format!(
+                    "required for this base model: the id of a voice registered with POST \
+                     /v1/voices; valid: {}",
+                    valid()
+                ),
             )),
         }
     }

@@ -1,15 +1,19 @@
 //! What every handler shares: the engine, the options, the metrics, and the server's phase
 //! (serving, draining after SIGTERM, stopping).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
+use anyhow::Result;
 use tokio::sync::watch;
 use voxkernel_core::config::ModelType;
 use voxkernel_core::engine::Engine;
+use voxkernel_core::voice_clone::CloneEncoder;
 
 use crate::error::FieldError;
 use crate::metrics::Metrics;
 use crate::request::DESIGN_VOICE;
+use crate::voices::VoiceRegistry;
 
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
@@ -23,6 +27,13 @@ pub struct ServerOptions {
     pub max_body_bytes: usize,
     /// Bytes in one WebSocket message.
     pub max_ws_message_bytes: usize,
+    /// Bytes in a `POST /v1/voices` body (the reference clip and the other fields).
+    pub max_upload_bytes: usize,
+    /// Registered voices held at once (Base models).
+    pub max_voices: usize,
+    /// Where registered voices are saved, one JSON file each, and loaded from at start;
+    /// `None` keeps them in memory only.
+    pub voices_dir: Option<PathBuf>,
 }
 
 impl ServerOptions {
@@ -35,6 +46,10 @@ impl ServerOptions {
             // The longest text as JSON escapes (6 bytes a character) plus the other fields.
             max_body_bytes: 64 * 1024,
             max_ws_message_bytes: 64 * 1024,
+            // 30 s (the longest reference) of 48 kHz stereo float WAV is 11.5 MB.
+            max_upload_bytes: 16 * 1024 * 1024,
+            max_voices: 100,
+            voices_dir: None,
         }
     }
 }
@@ -52,20 +67,36 @@ pub struct AppState {
     pub engine: Arc<Engine>,
     pub options: ServerOptions,
     pub metrics: Metrics,
+    pub voices: VoiceRegistry,
     phase: watch::Sender<Phase>,
     /// Open WebSocket connections, which axum's graceful shutdown does not wait for.
     ws_open: watch::Sender<usize>,
 }
 
 impl AppState {
-    pub fn new(engine: Arc<Engine>, options: ServerOptions) -> Self {
-        Self {
+    /// Fails on a voice encoder that does not fit the model, or saved voices that cannot be
+    /// loaded ([`VoiceRegistry::new`]).
+    pub fn new(
+        engine: Arc<Engine>,
+        options: ServerOptions,
+        voice_encoder: Option<Box<dyn CloneEncoder>>,
+    ) -> Result<Self> {
+        let voices = VoiceRegistry::new(
+            engine.model(),
+            voice_encoder,
+            options.voices_dir.clone(),
+            options.max_voices,
+        )?;
+        let metrics = Metrics::new();
+        metrics.registered_voices.set(voices.len() as i64);
+        Ok(Self {
             engine,
             options,
-            metrics: Metrics::new(),
+            metrics,
+            voices,
             phase: watch::channel(Phase::Serving).0,
             ws_open: watch::channel(0).0,
-        }
+        })
     }
 
     pub fn phase(&self) -> Phase {
@@ -102,13 +133,14 @@ impl AppState {
         let _ = open.wait_for(|&n| n == 0).await;
     }
 
-    /// The names a request may give as its voice.
-    pub fn voices(&self) -> Vec<String> {
+    /// The names a request may give as its voice: the preset speakers, or the registered
+    /// voices' ids for a Base model.
+    pub fn voice_names(&self) -> Vec<String> {
         let config = &self.engine.model().checkpoint.config;
         match config.model_type {
             ModelType::CustomVoice => config.talker.spk_id.keys().cloned().collect(),
             ModelType::VoiceDesign => vec![DESIGN_VOICE.to_string()],
-            ModelType::Base => Vec::new(),
+            ModelType::Base => self.voices.list().iter().map(|v| v.id.clone()).collect(),
         }
     }
 

@@ -14,6 +14,7 @@ use candle_nn::Linear;
 use self::seanet::{CausalConv, Seanet};
 use self::transformer::EncoderTransformer;
 use super::conv1d::Padding;
+use super::fused;
 use super::weights::Weights;
 use crate::backend::{Frame, NUM_CODE_GROUPS};
 use crate::checkpoint::{Checkpoint, SafetensorsFile};
@@ -223,22 +224,6 @@ impl Codebook {
         let ones = Tensor::ones((x.dim(0)?, 1), x.dtype(), x.device())?;
         let norms = x.sqr()?.sum_keepdim(1)?;
         let augmented = Tensor::cat(&[&(x * -2.0)?, &norms, &ones], 1)?;
-        let distances = augmented
-            .matmul(&self.augmented)?
-            .clamp(0f32, f32::INFINITY)?
-            .sqrt()?
-            .to_vec2::<f32>()?;
-        Ok(distances
-            .iter()
-            .map(|row| {
-                let mut best = 0;
-                for (i, &d) in row.iter().enumerate() {
-                    if d < row[best] {
-                        best = i;
-                    }
-                }
-                best as u32
-            })
-            .collect())
+        fused::row_argmin_distance(&augmented.matmul(&self.augmented)?)
     }
 }

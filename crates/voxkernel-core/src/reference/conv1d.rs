@@ -5,6 +5,7 @@
 use anyhow::{Result, ensure};
 use candle_core::{Device, Tensor};
 
+use super::fused::{self, Activation};
 use super::weights::Weights;
 
 /// How rows are invented beyond the ends of a sequence.
@@ -99,6 +100,17 @@ impl Conv1d {
     /// `[time, in]` (padding included) to `[(time - span - 1) / stride + 1, out]`, as PyTorch's
     /// unpadded `Conv1d`.
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_fused(x, None, Activation::None)
+    }
+
+    /// [`forward`](Self::forward) plus `residual`, then `activation`, the additions in one
+    /// pass ([`fused::sum`]).
+    pub(crate) fn forward_fused(
+        &self,
+        x: &Tensor,
+        residual: Option<&Tensor>,
+        activation: Activation,
+    ) -> Result<Tensor> {
         let time = x.dim(0)?;
         ensure!(
             time > self.span(),
@@ -108,39 +120,41 @@ impl Conv1d {
         let steps = (time - self.span() - 1) / self.stride + 1;
         let x = &x.contiguous()?;
         let in_channels = x.dim(1)?;
-        let y = if self.stride == 1 && (self.kernel == 1 || in_channels >= PER_TAP_MIN_CHANNELS) {
+        let terms = if self.stride == 1 && (self.kernel == 1 || in_channels >= PER_TAP_MIN_CHANNELS)
+        {
             // One matmul per tap on a shifted view: no [steps, kernel * in] copy, which at the
             // codec encoder's first stage (144k rows for 6 s) costs more than the arithmetic.
-            let mut acc = x
-                .narrow(0, 0, steps)?
-                .matmul(&self.tap_weight(0, in_channels)?)?;
-            for j in 1..self.kernel {
-                let shifted = x.narrow(0, j * self.dilation, steps)?;
-                acc = (acc + shifted.matmul(&self.tap_weight(j, in_channels)?)?)?;
-            }
-            acc
+            (0..self.kernel)
+                .map(|j| {
+                    Ok(x.narrow(0, j * self.dilation, steps)?
+                        .matmul(&self.tap_weight(j, in_channels)?)?)
+                })
+                .collect::<Result<Vec<_>>>()?
         } else if self.kernel == 2 * self.stride
             && self.dilation == 1
             && time == (steps + 1) * self.stride
         {
             // SEANet's strided convs (kernel = 2 * stride, padded to whole strides): output t
-            // reads input blocks t and t + 1, so the columns are two views of one reshape.
+            // reads input blocks t and t + 1, two views of one reshape, each a matmul with
+            // its half of the taps (no copy of the input).
             let blocks = x.reshape((steps + 1, self.stride * in_channels))?;
-            Tensor::cat(
-                &[blocks.narrow(0, 0, steps)?, blocks.narrow(0, 1, steps)?],
-                1,
-            )?
-            .matmul(&self.weight)?
+            let half = self.stride * in_channels;
+            vec![
+                blocks
+                    .narrow(0, 0, steps)?
+                    .matmul(&self.weight.narrow(0, 0, half)?)?,
+                blocks
+                    .narrow(0, 1, steps)?
+                    .matmul(&self.weight.narrow(0, half, half)?)?,
+            ]
         } else {
             let taps = (0..self.kernel)
                 .map(|j| self.tap(x, j * self.dilation, steps))
                 .collect::<Result<Vec<_>>>()?;
-            Tensor::cat(&taps, 1)?.matmul(&self.weight)?
+            vec![Tensor::cat(&taps, 1)?.matmul(&self.weight)?]
         };
-        Ok(match &self.bias {
-            Some(bias) => y.broadcast_add(bias)?,
-            None => y,
-        })
+        let terms: Vec<&Tensor> = terms.iter().collect();
+        fused::sum(&terms, self.bias.as_ref(), residual, activation)
     }
 
     /// Tap `j`'s `[in, out]` block of the stacked weight.

@@ -19,6 +19,7 @@ pub mod codec_decoder;
 pub mod codec_encoder;
 mod conv1d;
 mod embeddings;
+mod fused;
 pub mod mel;
 mod model;
 mod sequence;

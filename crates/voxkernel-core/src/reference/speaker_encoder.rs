@@ -7,6 +7,7 @@ use anyhow::{Result, ensure};
 use candle_core::{D, Tensor};
 
 use super::conv1d::{Conv1d, Padding, pad_rows};
+use super::fused::{self, Activation};
 use super::mel::SAMPLE_RATE;
 use super::weights::Weights;
 use crate::checkpoint::Checkpoint;
@@ -34,15 +35,13 @@ impl Tdnn {
         })
     }
 
+    /// PyTorch's `padding="same"` (`span // 2` rows on the left, the rest on the right), the
+    /// conv and ReLU.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(same_conv(&self.conv, x)?.relu()?)
+        let span = self.conv.span();
+        let padded = pad_rows(x, span / 2, span - span / 2, Padding::Reflect)?;
+        self.conv.forward_fused(&padded, None, Activation::Relu)
     }
-}
-
-/// PyTorch's `padding="same"`: `span // 2` rows on the left, the rest on the right.
-fn same_conv(conv: &Conv1d, x: &Tensor) -> Result<Tensor> {
-    let span = conv.span();
-    conv.forward(&pad_rows(x, span / 2, span - span / 2, Padding::Reflect)?)
 }
 
 /// TDNN 1x1, Res2Net, TDNN 1x1, squeeze-excitation, plus the input.
@@ -72,7 +71,7 @@ impl SeRes2NetBlock {
         // Squeeze-excitation: a per-channel gate from the time average.
         let gate = self.se_conv1.forward(&h.mean_keepdim(0)?)?.relu()?;
         let gate = candle_nn::ops::sigmoid(&self.se_conv2.forward(&gate)?)?;
-        Ok((h.broadcast_mul(&gate)? + x)?)
+        fused::scaled_residual(x, &h, &gate.squeeze(0)?)
     }
 }
 

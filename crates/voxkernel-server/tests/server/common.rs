@@ -1,5 +1,6 @@
 //! A server on 127.0.0.1:0 in this process (CPU backends, the tiny random CustomVoice
-//! checkpoint), a minimal HTTP/1.1 client and WebSocket helpers.
+//! checkpoint, or the tiny random Base checkpoint for voice cloning), a minimal HTTP/1.1 client
+//! and WebSocket helpers.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -12,21 +13,42 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
+use voxkernel_core::config::ModelType;
 use voxkernel_core::engine::{Engine, EngineOptions, Model};
 use voxkernel_core::reference::codec_decoder::CodecDecoder;
 use voxkernel_core::reference::{ReferenceBackend, ReferenceCodec};
+use voxkernel_core::voice_clone::{CloneEncoder, VoiceEncoder};
 use voxkernel_server::{Server, ServerOptions, ShutdownHandle};
 
 /// Nothing in these tests may take this long; reaching it means a hang.
 pub const HANG: Duration = Duration::from_secs(120);
 
+pub fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
 pub fn model() -> Arc<Model> {
     static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
     Arc::clone(MODEL.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/fixtures/parity/tiny-custom-voice");
-        Arc::new(Model::load(&dir).unwrap())
+        Arc::new(Model::load(&fixtures().join("parity/tiny-custom-voice")).unwrap())
     }))
+}
+
+/// The tiny Base checkpoint of the voice-clone fixtures.
+pub fn base_model_dir() -> PathBuf {
+    fixtures().join("clone/tiny-base")
+}
+
+pub fn base_model() -> Arc<Model> {
+    static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
+    Arc::clone(MODEL.get_or_init(|| Arc::new(Model::load(&base_model_dir()).unwrap())))
+}
+
+/// The CPU voice encoder a Base model's server needs; none for the others.
+pub fn voice_encoder(model: &Model) -> Option<Box<dyn CloneEncoder>> {
+    (model.checkpoint.config.model_type == ModelType::Base).then(|| {
+        Box::new(VoiceEncoder::from_checkpoint(&model.checkpoint).unwrap()) as Box<dyn CloneEncoder>
+    })
 }
 
 /// Short utterances keep the tests fast: the random weights never say EOS.
@@ -48,9 +70,17 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start(engine: EngineOptions, options: ServerOptions) -> Self {
-        let model = model();
+        Self::start_model(model(), engine, options).await
+    }
+
+    pub async fn start_model(
+        model: Arc<Model>,
+        engine: EngineOptions,
+        options: ServerOptions,
+    ) -> Self {
         let frames = ReferenceBackend::new(&model.checkpoint).unwrap();
         let decoder = Arc::new(CodecDecoder::from_checkpoint(&model.checkpoint).unwrap());
+        let encoder = voice_encoder(&model);
         let engine = Arc::new(
             Engine::start(
                 model,
@@ -62,7 +92,7 @@ impl TestServer {
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let server = Server::new(Arc::clone(&engine), options);
+        let server = Server::new(Arc::clone(&engine), options, encoder).unwrap();
         let shutdown = server.shutdown_handle();
         let task = tokio::spawn(server.serve(listener));
         Self {

@@ -300,6 +300,9 @@ async fn an_api_key_guards_everything_but_health() {
             ("GET", "/v1/voices"),
             ("GET", "/metrics"),
             ("POST", "/v1/audio/speech"),
+            ("POST", "/v1/voices"),
+            ("GET", "/v1/voices/voice_0000000000000001"),
+            ("DELETE", "/v1/voices/voice_0000000000000001"),
         ] {
             let response = http(addr, method, path, headers, b"{}").await;
             assert_eq!(response.status, 401, "{method} {path} {headers:?}");

@@ -7,11 +7,12 @@
 //! it, so a clip over 10 s attends further back than 250 steps, and so do we.
 
 use anyhow::{Result, ensure};
-use candle_core::{D, Device, Module, Tensor};
+use candle_core::{Module, Tensor};
 use candle_nn::Linear;
 
 use crate::config::CodecEncoderConfig;
 use crate::reference::codec_decoder::rope_tables;
+use crate::reference::fused;
 use crate::reference::weights::Weights;
 
 struct Layer {
@@ -97,70 +98,37 @@ impl EncoderTransformer {
     pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let steps = x.dim(0)?;
         let (cos, sin) = rope_tables(&self.inverse_frequencies, 0, steps, x.device())?;
-        let mask = causal_mask(steps, x.device())?;
+        let rope = (
+            cos.flatten_all()?.to_vec1::<f32>()?,
+            sin.flatten_all()?.to_vec1::<f32>()?,
+        );
         let mut h = x.clone();
         for layer in &self.layers {
             let (w, b) = &layer.input_norm;
             let normed = candle_nn::ops::layer_norm(&h, w, b, self.norm_eps)?;
-            let attended = self.attention(layer, &normed, &cos, &sin, &mask)?;
-            h = (h + attended.broadcast_mul(&layer.attn_scale)?)?;
+            let attended = self.attention(layer, &normed, (&rope.0, &rope.1))?;
+            h = fused::scaled_residual(&h, &attended, &layer.attn_scale)?;
             let (w, b) = &layer.post_attention_norm;
             let normed = candle_nn::ops::layer_norm(&h, w, b, self.norm_eps)?;
             let mlp = layer
                 .fc2
                 .forward(&layer.fc1.forward(&normed)?.gelu_erf()?)?;
-            h = (h + mlp.broadcast_mul(&layer.mlp_scale)?)?;
+            h = fused::scaled_residual(&h, &mlp, &layer.mlp_scale)?;
         }
         Ok(h)
     }
 
-    /// `[steps, heads * head_dim]` to `[heads, steps, head_dim]` with `x * cos + rotate_half(x) *
-    /// sin` applied when `rope` is given.
-    fn heads_first(&self, x: &Tensor, rope: Option<(&Tensor, &Tensor)>) -> Result<Tensor> {
+    fn attention(&self, layer: &Layer, x: &Tensor, rope: (&[f32], &[f32])) -> Result<Tensor> {
         let steps = x.dim(0)?;
-        let x = x.reshape((steps, self.heads, self.head_dim))?;
-        let x = match rope {
-            Some((cos, sin)) => {
-                let half = self.head_dim / 2;
-                let rotated = Tensor::cat(
-                    &[&x.narrow(2, half, half)?.neg()?, &x.narrow(2, 0, half)?],
-                    2,
-                )?;
-                (x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?)?
-            }
-            None => x,
-        };
-        Ok(x.transpose(0, 1)?.contiguous()?)
-    }
-
-    fn attention(
-        &self,
-        layer: &Layer,
-        x: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        mask: &Tensor,
-    ) -> Result<Tensor> {
-        let steps = x.dim(0)?;
-        let rope = Some((cos, sin));
-        let query = self.heads_first(&layer.q_proj.forward(x)?, rope)?;
-        let key = self.heads_first(&layer.k_proj.forward(x)?, rope)?;
-        let value = self.heads_first(&layer.v_proj.forward(x)?, None)?;
-        let scale = (self.head_dim as f64).powf(-0.5);
-        let scores = (query.matmul(&key.t()?)? * scale)?.broadcast_add(mask)?;
-        let probs = candle_nn::ops::softmax(&scores, D::Minus1)?;
+        let query = fused::heads_first(&layer.q_proj.forward(x)?, self.heads, Some(rope))?;
+        let key = fused::heads_first(&layer.k_proj.forward(x)?, self.heads, Some(rope))?;
+        let value = fused::heads_first(&layer.v_proj.forward(x)?, self.heads, None)?;
+        let scale = (self.head_dim as f64).powf(-0.5) as f32;
+        let probs = fused::causal_softmax(&query.matmul(&key.t()?)?, scale)?;
         let out = probs
             .matmul(&value)?
             .transpose(0, 1)?
             .reshape((steps, self.heads * self.head_dim))?;
         Ok(layer.o_proj.forward(&out)?)
     }
-}
-
-/// Additive `[steps, steps]` mask: query `q` sees keys `0..=q`.
-fn causal_mask(steps: usize, device: &Device) -> Result<Tensor> {
-    let mask: Vec<f32> = (0..steps)
-        .flat_map(|q| (0..steps).map(move |k| if k <= q { 0.0 } else { f32::NEG_INFINITY }))
-        .collect();
-    Ok(Tensor::from_vec(mask, (steps, steps), device)?)
 }

@@ -2,14 +2,16 @@
 # The server's load benchmark on the GPU machine: a random full-size 0.6B CustomVoice checkpoint
 # (no EOS), `voxkernel serve --backend cuda`, then scripts/bench/load.py for 1, 4 and 16
 # concurrent streams. Run from the repo root with the folder laid out by pack_e2e.sh
-# (DEST=.gpu-e2e): bash scripts/gpu/serve_load.sh .gpu-e2e
+# (DEST=.gpu-e2e; carry its cli/, refcheck/, reference.tar.xz and wheels/):
+#   bash scripts/gpu/serve_load.sh .gpu-e2e
 set -u
 G=$(cd "$1" && pwd)
 NVRTC=$(find / -name 'libnvrtc.so.13' -not -path '/proc/*' 2>/dev/null | head -1)
 export LD_LIBRARY_PATH="$(dirname "$NVRTC"):${LD_LIBRARY_PATH:-}" XDG_CACHE_HOME=/tmp/vkcache
 mkdir -p /tmp/vkbin
 python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' \
-  "$G/bin/voxkernel.xz" /tmp/vkbin/voxkernel && chmod +x /tmp/vkbin/voxkernel
+  "$G/cli/voxkernel.xz" /tmp/vkbin/voxkernel && chmod +x /tmp/vkbin/voxkernel
+[ -d "$G/reference" ] || tar -C "$G" -xJf "$G/reference.tar.xz"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site_off \
   "$G"/wheels/official/*.whl "$G"/wheels/common/*.whl || exit 1

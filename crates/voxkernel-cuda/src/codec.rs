@@ -1228,6 +1228,11 @@ pub struct CudaCodec {
     _owned: Owned,
 }
 
+/// Rows per block of the few-rows kernel for `m` rows (`skinny_gemm_{4,16}`).
+fn skinny_height(m: usize) -> usize {
+    if m <= 4 { 4 } else { 16 }
+}
+
 pub(crate) fn alloc_f32(
     stream: &Arc<CudaStream>,
     len: usize,
@@ -1466,7 +1471,7 @@ impl CudaCodec {
         if m <= self.options.skinny_rows {
             // Enough depth splits to fill the GPU once, each streaming at least
             // SKINNY_MIN_SPLIT_DEPTH weight rows, within the split scratch.
-            let rows = if m <= 4 { 4 } else { 16 };
+            let rows = skinny_height(m);
             let resident = self.kernels.skinny.iter().find(|(r, ..)| *r == rows);
             let slots = resident.map_or(1, |(.., resident)| resident * self.sms);
             let tiles = n.div_ceil(SKINNY_COLS) * m.div_ceil(rows);
@@ -1502,7 +1507,7 @@ impl CudaCodec {
             GemmKernel::Skinny {
                 splits, k_split, ..
             } => GemmKernel::Skinny {
-                rows: if m <= 4 { 4 } else { 16 },
+                rows: skinny_height(m),
                 splits,
                 k_split,
             },

@@ -1,11 +1,12 @@
-// voxkernel frame megakernel (version 1.1: phases separated by grid-wide barriers).
+// voxkernel frame megakernel (version 1.2: phases chained by tagged words, no grid barriers).
 //
 // One cooperative launch advances up to MAX_B sequences by one audio frame:
 //   code predictor (16 single-token passes: past_hidden, CE(c0), then 14 group embeddings),
 //   sub-talker sampling, frame embedding + trailing text row, one talker step, codec head,
 //   codebook-0 sampling. In HEAD mode it only finishes a prefill (prefill.cu leaves each
 //   sequence's last talker row in x): final norm, codec head, past_hidden, codebook-0 sampling.
-// Activations stay f32 (global scratch + shared memory); weights are bf16, streamed once.
+// Activations stay f32 (shared memory, and tagged words between blocks); weights are bf16,
+// streamed once.
 // No toolkit headers: NVRTC compiles this file with nothing but its own builtins.
 
 typedef unsigned short bf16_t;
@@ -86,17 +87,19 @@ struct Params {
   float* past_hidden;             // [slots][H]
   float* trailing;                // [slots][max_trailing][H]
   unsigned char* seen;            // [slots][vocab]
-  float* talker_logits;           // [slots][vocab]
-  float* x;                       // [MAX_B][max_hidden]
-  float* qkv;                     // [MAX_B][max_qkv]
-  float* attn;                    // [MAX_B][max_q]
+  float* talker_logits;           // [slots][vocab]: a copy for the host
+  const float* x;                 // [MAX_B][max_hidden]: the prefill's last rows (MODE_HEAD)
+  // Tagged words (see "exchange" below):
+  u64* xw;                        // [2][MAX_B][max_hidden]: the residual stream / layer input
+  u64* qkv;                       // [MAX_B][max_qkv]
+  u64* attn;                      // [MAX_B][max_q]
+  u64* act;                       // [MAX_B][max_inter]: SiLU(gate) * up
+  u64* logits;                    // [MAX_B][max(vocab, cp_vocab)]
   float* attn_part;               // [MAX_B][attn_part_stride]: partial attention of each chunk
   u32* attn_count;                // [MAX_B][max kv heads]: chunks done; zero between phases
-  float* gate_up;                 // [MAX_B][2 * max_inter]
-  float* cp_logits;               // [MAX_B][cp_vocab]
   int* codes;                     // [MAX_B][CODE_WORDS]
-  u32* barrier;                   // zeroed by the host before every launch
   u64* marks;                     // null, or [max_marks][2]: profile marks (clock64, phase tag)
+  u32 epoch;                      // this launch's tags: (epoch << EXCHANGE_BITS) | exchange
   int vocab, cp_vocab, groups, eos_id, max_trailing;
   int max_hidden, max_qkv, max_q, max_inter;
   int smem_x_floats;              // MAX_B * widest matvec input
@@ -182,35 +185,135 @@ __device__ __noinline__ void record_mark(u64* marks, int max_marks, int phase) {
   n_marks = n + 1;
 }
 
-// Monotonic counter barrier: barrier n completes when the counter reaches n * gridDim.x.
-// Co-residency of all blocks is guaranteed by the cooperative launch. The arrival is a release
-// (it publishes the block's writes, ordered before it by __syncthreads) and the spin an acquire,
-// which is all the ordering the phases need: no full fences. The counter is Params::barrier.
-struct GridBarrier {
-  u32 target;
-  __device__ void sync(const Params& p, int phase) {
-    arrive(p);
-    wait(p, phase);
+// ---------------------------------------------------------------------------------------------
+// exchange between blocks: tagged words
+//
+// Every value one block hands to another travels as a 64-bit word {tag, f32 bits}, stored and
+// loaded with single-copy-atomic 64-bit accesses. A reader spins on exactly the words it needs
+// until they carry the tag it expects, so no grid barrier and no fence stands between phases: a
+// value is usable one store and one load after it is produced. A tag names one exchange of one
+// launch, (epoch << EXCHANGE_BITS) | k, with k numbering the launch's exchanges by where they
+// happen (below), so every block derives it from its loop counters; 0 is never used, so zeroed
+// words match nothing.
+//
+// Reuse: a word is overwritten only by a block that has (transitively) read words produced by
+// every block that read the old value, after that read. The phases guarantee it: a block reads
+// a phase's inputs only when it produces something in that phase, or (a block owning residual
+// rows) in the phase after, and its own outputs are read by the next phase's producers (all of
+// them, except attention, which reads its group's and is read by every o-projection block). The
+// host checks the shapes this relies on: every block owning residual rows also has q|k|v and
+// gate|up rows.
+#define EXCHANGE_BITS 11
+
+__device__ __forceinline__ u64 ld_word(const u64* p) {
+  u64 v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void publish(u64* p, float v, u32 tag) {
+  const u64 w = ((u64)tag << 32) | __float_as_uint(v);
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(w) : "memory");
+}
+
+__device__ __forceinline__ float word_value(u64 w) { return __uint_as_float((u32)w); }
+
+// One word, once it carries `tag`.
+__device__ __forceinline__ float await_word(const u64* p, u32 tag) {
+  u64 w = ld_word(p);
+  while ((u32)(w >> 32) != tag) {
+    __nanosleep(32);
+    w = ld_word(p);
   }
-  // sync() in two halves: between them a block may do work that reads nothing another block
-  // writes in the phase (loading weights), which then overlaps the wait.
-  __device__ void arrive(const Params& p) {
-    target += gridDim.x;
-    __syncthreads();
-    if (tid() == 0)
-      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p.barrier) : "memory");
-  }
-  __device__ void wait(const Params& p, int phase) {
-    if (tid() == 0)
-      while (ld_acquire(p.barrier) < target) {
+  return word_value(w);
+}
+
+// Words a thread loads before it waits on the first.
+#define COLLECT_DEPTH 8
+
+// out[i] = the value of src[i] for i < n, once each carries `tag` (the block's threads share
+// the words; the caller synchronises the block before reading `out`).
+__device__ void collect(const u64* src, int n, u32 tag, float* out) {
+  for (int base = tid(); base < n; base += THREADS * COLLECT_DEPTH) {
+    // (every element set: a conditionally set one would count as live from the kernel's entry)
+    u64 w[COLLECT_DEPTH];
+#pragma unroll
+    for (int j = 0; j < COLLECT_DEPTH; j++)
+      w[j] = base + j * THREADS < n ? ld_word(src + base + j * THREADS) : 0ull;
+#pragma unroll
+    for (int j = 0; j < COLLECT_DEPTH; j++) {
+      const int i = base + j * THREADS;
+      if (i >= n) continue;
+      while ((u32)(w[j] >> 32) != tag) {
+        __nanosleep(32);
+        w[j] = ld_word(src + i);
       }
-    mark(p, phase);
-    __syncthreads();
+      out[i] = word_value(w[j]);
+    }
   }
-  __device__ void mark(const Params& p, int phase) {
-    if (p.marks && bid() == 0 && tid() == 0) record_mark(p.marks, p.max_marks, phase);
-  }
-};
+}
+
+// Exchanges are numbered by where they happen, so that every block derives the same tag from
+// its loop counters (no state to carry). Predictor pass `step` owns PASS_EXCHANGES(L) numbers
+// from pass_exchange(p, step): +0 the projection's x, +1 + 5 l + k layer l's (k: LX_*),
+// +1 + 5 L the head's logits, +2 + 5 L the next input x (sampling, or codebook 0's embedding
+// after the first pass). The talker's follow: +5 l + k for layer l, +5 L its head's logits.
+#define LX_QKV 0
+#define LX_ATTN 1
+#define LX_O 2     // x after the o projection
+#define LX_ACT 3
+#define LX_DOWN 4  // x after the down projection
+#define LAYER_EXCHANGES 5
+
+__device__ __forceinline__ u32 tag_of(const Params& p, int exchange) {
+  return (p.epoch << EXCHANGE_BITS) | (u32)exchange;
+}
+
+__device__ __forceinline__ int pass_exchange(const Params& p, int step) {
+  return 1 + step * (3 + LAYER_EXCHANGES * p.cp.n_layers);
+}
+
+__device__ __forceinline__ int talker_exchange(const Params& p) {
+  return pass_exchange(p, p.groups);
+}
+
+// The next input x of a predictor pass: its exchange number.
+__device__ __forceinline__ int next_input_exchange(const Params& p, int step) {
+  return pass_exchange(p, step) + 2 + LAYER_EXCHANGES * p.cp.n_layers;
+}
+
+// Where a layer's input x is found, in one int (registers are scarce): x words of buffer
+// `slot` at exchange `ex` as (slot << 16) | ex, or one of the sources below. The x words live in
+// two buffers: the projection writes buffer 1 from buffer 0; every other x goes to buffer 0 (its
+// readers have all read before any writer of the next x can have its inputs: see "Reuse" above).
+#define X_PAST (-1)   // past_hidden of the sequence's slot (written by the previous launch)
+#define X_PLAIN (-2)  // Params::x (written by the prefill, before this launch)
+
+__device__ __forceinline__ int x_words(int slot, int exchange) { return (slot << 16) | exchange; }
+
+// The dynamic shared memory: a matvec's inputs (xs), the block's raw x rows (xr), reduction
+// words, attention / sampling scratch. Addresses are computed where used, from the array and
+// the launch's constants: pointers kept live across the kernel would cost registers.
+extern __shared__ float smem[];
+__device__ __forceinline__ float* sm_xs() { return smem; }
+__device__ __forceinline__ float* sm_xr(const Params& p) { return smem + p.smem_x_floats; }
+__device__ __forceinline__ float* sm_red(const Params& p) {
+  return smem + p.smem_x_floats + MAX_B * p.max_hidden;
+}
+__device__ __forceinline__ int* sm_redi(const Params& p) {
+  return reinterpret_cast<int*>(sm_red(p) + 32);
+}
+__device__ __forceinline__ float* sm_work(const Params& p) { return sm_red(p) + 64; }
+
+__device__ __forceinline__ u64* x_buffer(const Params& p, int slot) {
+  return p.xw + (size_t)slot * MAX_B * p.max_hidden;
+}
+
+// The block's threads are done with the phase (and its shared memory); the profile mark.
+__device__ __forceinline__ void end_phase(const Params& p, int phase) {
+  __syncthreads();
+  if (p.marks && bid() == 0 && tid() == 0) record_mark(p.marks, p.max_marks, phase);
+}
 
 __device__ float block_sum(float v, float* red) {
   v = warp_sum(v);
@@ -224,12 +327,12 @@ __device__ float block_sum(float v, float* red) {
   return t;
 }
 
-// out[b][i] = rmsnorm(src[b]) * w, for every batch row, into shared memory (every block does
-// this redundantly: cheaper than a barrier).
-__device__ void rmsnorm_rows(const float* src, int src_stride, int n, const bf16_t* w, float eps,
-                             int nb, float* out, float* red) {
+// out[b][i] = rmsnorm(src[b]) * w for every batch row; src and out in shared memory (every
+// block that needs the norm computes it: cheaper than an exchange).
+__device__ void rmsnorm_rows(const float* src, int n, const bf16_t* w, float eps, int nb,
+                             float* out, float* red) {
   for (int b = 0; b < nb; b++) {
-    const float* s = src + (size_t)b * src_stride;
+    const float* s = src + b * n;
     float ss = 0.f;
     for (int i = tid(); i < n; i += THREADS) ss += s[i] * s[i];
     const float total = block_sum(ss, red);
@@ -239,19 +342,33 @@ __device__ void rmsnorm_rows(const float* src, int src_stride, int n, const bf16
   __syncthreads();
 }
 
-__device__ void load_rows(const float* src, int src_stride, int n, int nb, float* out) {
-  for (int b = 0; b < nb; b++)
-    for (int i = tid(); i < n; i += THREADS) out[b * n + i] = src[(size_t)b * src_stride + i];
+// x of every sequence (its first n elements) into out ([nb][n], shared memory).
+__device__ void collect_x(const Params& p, int in, int nb, int n, float* out) {
+  const int H = p.talker.hidden;
+  for (int b = 0; b < nb; b++) {
+    float* o = out + b * n;
+    if (in >= 0) {
+      collect(x_buffer(p, in >> 16) + (size_t)b * p.max_hidden, n, tag_of(p, in & 0xffff), o);
+    } else if (in == X_PAST) {
+      const float* src = p.past_hidden + (size_t)p.slot[b] * H;
+      for (int i = tid(); i < n; i += THREADS) o[i] = src[i];
+    } else {
+      const float* src = p.x + (size_t)b * p.max_hidden;
+      for (int i = tid(); i < n; i += THREADS) o[i] = src[i];
+    }
+  }
   __syncthreads();
 }
+
+// Whether this block computes any of `rows` rows spread over the grid's warps (matvec's order).
+__device__ __forceinline__ bool has_rows(int rows) { return bid() * WARPS < rows; }
 
 // 16-byte weight chunks a lane loads before it uses the first.
 #define MATVEC_DEPTH 4
 
 // The first MATVEC_DEPTH chunks (per lane) of a warp's first row of a matvec. Weights depend on
-// nothing, so a phase loads them between the arrival at the previous barrier and the wait for
-// it: their memory round trip overlaps the wait instead of following it. Volatile keeps the
-// loads there.
+// nothing, so a phase loads them before it awaits its inputs: their memory round trip overlaps
+// the wait instead of following it. Volatile keeps the loads there.
 struct FirstChunks {
   uint4 w[MATVEC_DEPTH];
 };
@@ -271,13 +388,15 @@ __device__ FirstChunks first_chunks(const bf16_t* W, int rows, int K) {
   return f;
 }
 
-// Every warp of the grid takes whole output rows: y[b][r] = W[r] . xs[b]. K must be a multiple
-// of 8 (16-byte weight loads). A lane issues the loads of MATVEC_DEPTH chunks before it uses the
-// first; the first batch of the warp's first row is `first` (first_chunks of the same W, rows,
-// K). The sum runs over the chunks in order. `emit(b, r, value)` is called by lane 0.
+// Every warp of the grid takes whole tasks: task t is output row t, y[b][t] = W[t] . xs[b], and
+// with `pair` > 0 also row t + pair (gate and up rows of one SiLU * up output). K must be a
+// multiple of 8 (16-byte weight loads). A lane issues the loads of MATVEC_DEPTH chunks before it
+// uses the first; the first batch of the warp's first row is `first` (first_chunks of the same
+// W, tasks, K). Each row's sum runs over its chunks in order. `emit(b, t, y_t, y_t+pair)` (the
+// second 0 without a pair) is called by lane 0.
 template <typename Emit>
-__device__ void matvec(const bf16_t* W, int rows, int K, const float* xs, int nb,
-                       const FirstChunks& first, Emit emit) {
+__device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const float* xs, int nb,
+                             const FirstChunks& first, Emit emit) {
   const int warp = tid() >> 5, lane = tid() & 31;
   const int total_warps = gridDim.x * WARPS;
   const int k8 = K >> 3;
@@ -315,26 +434,39 @@ __device__ void matvec(const bf16_t* W, int rows, int K, const float* xs, int nb
       uint4 w[MATVEC_DEPTH];
 #pragma unroll
       for (int j = 0; j < MATVEC_DEPTH; j++)
-        if (i0 + 32 * j < k8) w[j] = ld_weights(wr + i0 + 32 * j);
+        w[j] = i0 + 32 * j < k8 ? ld_weights(wr + i0 + 32 * j) : make_uint4(0u, 0u, 0u, 0u);
       consume(w, i0);
     }
 #pragma unroll
-    for (int b = 0; b < MAX_B; b++) {
-      if (b < nb) {
-        const float v = warp_sum(acc[b]);
-        if (lane == 0) emit(b, r, v);
-      }
+    for (int b = 0; b < MAX_B; b++)
+      if (b < nb) acc[b] = warp_sum(acc[b]);
+  };
+  auto task = [&](int t, bool first_task) {
+    row(t, first_task);
+    if (pair > 0) {
+      float y[MAX_B];
+#pragma unroll
+      for (int b = 0; b < MAX_B; b++) y[b] = acc[b];
+      row(t + pair, false);
+#pragma unroll
+      for (int b = 0; b < MAX_B; b++)
+        if (b < nb && lane == 0) emit(b, t, y[b], acc[b]);
+    } else {
+#pragma unroll
+      for (int b = 0; b < MAX_B; b++)
+        if (b < nb && lane == 0) emit(b, t, acc[b], 0.f);
     }
   };
-  int r = bid() * WARPS + warp;
-  if (r < rows) row(r, true);
-  for (r += total_warps; r < rows; r += total_warps) row(r, false);
+  int t = bid() * WARPS + warp;
+  if (t < tasks) task(t, true);
+  for (t += total_warps; t < tasks; t += total_warps) task(t, false);
 }
 
-// What every phase function needs to synchronise with the rest of the grid.
-struct Launch {
-  GridBarrier bar;
-};
+template <typename Emit>
+__device__ void matvec(const bf16_t* W, int rows, int K, const float* xs, int nb,
+                       const FirstChunks& first, Emit emit) {
+  matvec_tasks(W, rows, 0, K, xs, nb, first, [&](int b, int r, float v, float) { emit(b, r, v); });
+}
 
 // ---------------------------------------------------------------------------------------------
 // transformer layer pieces
@@ -348,11 +480,9 @@ __device__ __forceinline__ float ld_l2(const float* p) {
 
 // Attention runs in blocks of one (sequence, kv head, chunk of attention_chunk positions); with
 // attention_chunk 0 a sequence's positions are one chunk. `chunks` is the same for every
-// sequence of a phase: enough for the longest (the others' last chunks are empty).
-__device__ __forceinline__ int attention_chunks(const Params& p, int pos) {
-  return p.attention_chunk > 0 ? pos / p.attention_chunk + 1 : 1;
-}
-
+// sequence of a phase: enough for the longest (the others' last chunks are empty). The code
+// predictor's passes (at most 17 positions) always run one chunk, so that a (sequence, kv head)
+// keeps one block and its cache rows never cross blocks within a launch.
 // Per (sequence, kv head, chunk): q/k RMSNorm, RoPE, the KV append (by the chunk holding pos),
 // then the group's q heads attend over the chunk's positions. Each warp takes every WARPS-th
 // position for HEADS_PER_PASS q heads at once (one K and V load serves them all) and loads the
@@ -361,7 +491,7 @@ __device__ __forceinline__ int attention_chunks(const Params& p, int pos) {
 // chunks, each writes its merged state to attn_part and the last of them to finish merges the
 // chunks in chunk order.
 __device__ void attention(const Params& p, const Stack& s, int layer, int nb, const int* cache_idx,
-                          const int* pos_of, float* work, int chunks) {
+                          const int* pos_of, float* work, int chunks, u32 t_qkv, u32 t_attn) {
   const int hd = s.head_dim, half = hd / 2, gs = s.n_heads / s.n_kv;
   const int q_width = s.n_heads * hd, kv_width = s.n_kv * hd;
   const int warp = tid() >> 5, lane = tid() & 31;
@@ -375,7 +505,9 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
     const int pos = pos_of[b];
     const int first = c * p.attention_chunk;  // 0 when attention_chunk is
     const int end = chunks > 1 && first + p.attention_chunk - 1 < pos ? first + p.attention_chunk - 1 : pos;
-    const float* qkv = p.qkv + (size_t)b * p.max_qkv;
+    const u64* qkv = p.qkv + (size_t)b * p.max_qkv;
+    // the chunk holding pos appends its K and V (with one chunk, pos may lie past the chunk size)
+    const int own_chunk = chunks == 1 ? 0 : pos / p.attention_chunk;
     const size_t head_base = (((size_t)cache_idx[b] * s.n_layers + layer) * s.n_kv + g) * s.max_len;
     float* kc = s.k_cache + head_base * hd;
     float* vc = s.v_cache + head_base * hd;
@@ -389,14 +521,49 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
         const int i = lane + 32 * j;
         rot[j] = i < half ? rope[i] : make_float2(1.f, 0.f);
       }
-      const float* src = warp == 0 ? qkv + q_width + g * hd : qkv + (g * gs + warp - 1) * hd;
+      const u64* src = warp == 0 ? qkv + q_width + g * hd : qkv + (g * gs + warp - 1) * hd;
       const bf16_t* nw = warp == 0 ? lw.k_norm : lw.q_norm;
+      // the head's words all in flight before any wait
+      float xv[HEAD_REGS];
+      u64 wx[HEAD_REGS];
+#pragma unroll
+      for (int j = 0; j < HEAD_REGS; j++)
+        wx[j] = lane + 32 * j < hd ? ld_word(src + lane + 32 * j) : 0ull;
+#pragma unroll
+      for (int j = 0; j < HEAD_REGS; j++) {
+        const int i = lane + 32 * j;
+        xv[j] = 0.f;
+        if (i < hd) {
+          while ((u32)(wx[j] >> 32) != t_qkv) {
+            __nanosleep(32);
+            wx[j] = ld_word(src + i);
+          }
+          xv[j] = word_value(wx[j]);
+        }
+      }
+      if (warp == 0 && c == own_chunk) {
+        // the V append, straight from the words
+        const u64* vsrc = qkv + q_width + kv_width + g * hd;
+#pragma unroll
+        for (int j = 0; j < HEAD_REGS; j++)
+          wx[j] = lane + 32 * j < hd ? ld_word(vsrc + lane + 32 * j) : 0ull;
+#pragma unroll
+        for (int j = 0; j < HEAD_REGS; j++) {
+          const int i = lane + 32 * j;
+          if (i < hd) vc[(size_t)pos * hd + i] = await_word(vsrc + i, t_qkv);
+        }
+      }
       float ss = 0.f;
-      for (int i = lane; i < hd; i += 32) ss += src[i] * src[i];
+#pragma unroll
+      for (int j = 0; j < HEAD_REGS; j++) ss += xv[j] * xv[j];
       ss = warp_sum(ss);
       const float r = rsqrtf(ss / (float)hd + s.eps);
       float* v = vec + warp * hd;
-      for (int i = lane; i < hd; i += 32) v[i] = bf2f(nw[i]) * (src[i] * r);
+#pragma unroll
+      for (int j = 0; j < HEAD_REGS; j++) {
+        const int i = lane + 32 * j;
+        if (i < hd) v[i] = bf2f(nw[i]) * (xv[j] * r);
+      }
       __syncwarp();
 #pragma unroll
       for (int j = 0; j < HEAD_REGS / 2; j++) {
@@ -410,13 +577,8 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
         }
       }
       __syncwarp();
-      if (warp == 0 && c + 1 == attention_chunks(p, pos)) {
-        const float* vsrc = qkv + q_width + kv_width + g * hd;
-        for (int i = lane; i < hd; i += 32) {
-          kc[(size_t)pos * hd + i] = v[i];
-          vc[(size_t)pos * hd + i] = vsrc[i];
-        }
-      }
+      if (warp == 0 && c == own_chunk)
+        for (int i = lane; i < hd; i += 32) kc[(size_t)pos * hd + i] = v[i];
     }
     __syncthreads();
     for (int q0 = 0; q0 < gs; q0 += HEADS_PER_PASS) {
@@ -429,7 +591,7 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
 #pragma unroll
         for (int j = 0; j < HEAD_REGS; j++) acc[qi][j] = 0.f;
       }
-      float k_next[HEAD_REGS], v_next[HEAD_REGS];
+      float k_next[HEAD_REGS] = {}, v_next[HEAD_REGS] = {};
       auto load_kv = [&](int t) {
 #pragma unroll
         for (int j = 0; j < HEAD_REGS; j++) {
@@ -496,7 +658,7 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
           if (ql[w] > 0.f) num += wacc[(qi * WARPS + w) * hd + i] * expf(qm[w] - big);
         const int head = g * gs + q0 + qi;
         if (chunks == 1) {
-          p.attn[(size_t)b * p.max_q + head * hd + i] = num / denom;
+          publish(p.attn + (size_t)b * p.max_q + head * hd + i, num / denom, t_attn);
         } else {
           // [hd] unnormalised output, then the chunk's max score and softmax denominator
           float* part = p.attn_part + (size_t)b * p.attn_part_stride +
@@ -517,7 +679,7 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
       if (tid() == 0) {
         u32* done = p.attn_count + b * s.n_kv + g;
         *last = atomicAdd(done, 1u) == (u32)(chunks - 1);
-        if (*last) *done = 0;  // ready for the next phase (all chunks have counted)
+        if (*last) atomicExch(done, 0u);  // ready for the next layer (all chunks have counted)
       }
       __syncthreads();
       if (*last) {
@@ -534,7 +696,7 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
             denom += ld_l2(part + k * (hd + 2) + hd + 1) * f;
             num += ld_l2(part + k * (hd + 2) + i) * f;
           }
-          p.attn[(size_t)b * p.max_q + head * hd + i] = num / denom;
+          publish(p.attn + (size_t)b * p.max_q + head * hd + i, num / denom, t_attn);
         }
       }
       __syncthreads();
@@ -542,55 +704,84 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
   }
 }
 
-// One decoder layer for nb single-token rows held in `x` (global, stride max_hidden): `step` is
-// the predictor pass, or -1 for the talker. Each matvec's first weights are loaded while the
-// barrier before it is waited for (`first_qkv`: by the layer before; the next layer's are
-// returned).
+// One decoder layer for nb single-token rows from the input x `in`; its exchanges are numbered
+// from `ex` (LX_*), its output is the x words of buffer 0 at ex + LX_DOWN. `step` is the
+// predictor pass, or -1 for the talker. Each matvec's first weights are loaded before its
+// inputs are awaited (`first_qkv`: by the layer before; the next layer's are returned). `xr`
+// ([nb][H], shared) holds the block's copy of the raw x rows: the blocks owning residual rows
+// (those with o and down rows, the same rows) add their products to it.
 __device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int layer, int nb,
-                                  const int* cache_idx, const int* pos_of, float* xs, float* red,
-                                  float* work, Launch& L, FirstChunks first_qkv) {
+                                  const int* cache_idx, const int* pos_of, int in, int ex,
+                                  FirstChunks first_qkv) {
+  float* xs = sm_xs();
+  float* xr = sm_xr(p);
   const int stack = step < 0 ? PH_TALKER : 0;  // profile tag
-  const int chunks = step < 0 ? p.talker_chunks : attention_chunks(p, step);
+  const int chunks = step < 0 ? p.talker_chunks : 1;
   const LayerW& lw = s.layers[layer];
-  const int H = s.hidden, qw = s.n_heads * s.head_dim;
-  float* x = p.x;
-  rmsnorm_rows(x, p.max_hidden, H, lw.in_norm, s.eps, nb, xs, red);
-  float* qkv = p.qkv;
-  const int max_qkv = p.max_qkv;
-  matvec(lw.qkv, s.qkv_rows(), H, xs, nb, first_qkv,
-         [&](int b, int r, float v) { qkv[(size_t)b * max_qkv + r] = v; });
-  L.bar.sync(p, stack | PH_QKV);
-  attention(p, s, layer, nb, cache_idx, pos_of, work, chunks);
-  L.bar.arrive(p);
+  const int H = s.hidden, qw = s.n_heads * s.head_dim, inter = s.inter, rows = s.qkv_rows();
+  const bool owner = has_rows(H);
+
+  // input norm, q|k|v
+  if (has_rows(rows) || owner) collect_x(p, in, nb, H, xr);
+  if (has_rows(rows)) rmsnorm_rows(xr, H, lw.in_norm, s.eps, nb, xs, sm_red(p));
+  matvec(lw.qkv, rows, H, xs, nb, first_qkv, [&](int b, int r, float v) {
+    publish(p.qkv + (size_t)b * p.max_qkv + r, v, tag_of(p, ex + LX_QKV));
+  });
+  end_phase(p, stack | PH_QKV);
+
+  attention(p, s, layer, nb, cache_idx, pos_of, sm_work(p), chunks, tag_of(p, ex + LX_QKV),
+            tag_of(p, ex + LX_ATTN));
+  end_phase(p, stack | PH_ATTENTION);
+
+  // o projection, residual
   FirstChunks first = first_chunks(lw.o, H, qw);
-  L.bar.wait(p, stack | PH_ATTENTION);
-  load_rows(p.attn, p.max_q, qw, nb, xs);
-  const int max_hidden = p.max_hidden;
-  matvec(lw.o, H, qw, xs, nb, first,
-         [&](int b, int r, float v) { x[(size_t)b * max_hidden + r] += v; });
-  L.bar.arrive(p);
-  first = first_chunks(lw.gate_up, 2 * s.inter, H);
-  L.bar.wait(p, stack | PH_O);
-  rmsnorm_rows(x, p.max_hidden, H, lw.post_norm, s.eps, nb, xs, red);
-  float* gu = p.gate_up;
-  const int gu_stride = 2 * p.max_inter;
-  matvec(lw.gate_up, 2 * s.inter, H, xs, nb, first,
-         [&](int b, int r, float v) { gu[(size_t)b * gu_stride + r] = v; });
-  L.bar.arrive(p);
-  first = first_chunks(lw.down, H, s.inter);
-  L.bar.wait(p, stack | PH_GATE_UP);
-  for (int b = 0; b < nb; b++)
-    for (int i = tid(); i < s.inter; i += THREADS) {
-      const float gt = gu[(size_t)b * gu_stride + i], up = gu[(size_t)b * gu_stride + s.inter + i];
-      xs[b * s.inter + i] = gt / (1.f + expf(-gt)) * up;
-    }
-  __syncthreads();
-  matvec(lw.down, H, s.inter, xs, nb, first,
-         [&](int b, int r, float v) { x[(size_t)b * max_hidden + r] += v; });
-  L.bar.arrive(p);
-  if (layer + 1 < s.n_layers) first = first_chunks(s.layers[layer + 1].qkv, s.qkv_rows(), H);
-  L.bar.wait(p, stack | PH_DOWN);
+  if (owner) {
+    for (int b = 0; b < nb; b++)
+      collect(p.attn + (size_t)b * p.max_q, qw, tag_of(p, ex + LX_ATTN), xs + b * qw);
+    __syncthreads();
+  }
+  matvec(lw.o, H, qw, xs, nb, first, [&](int b, int r, float v) {
+    publish(x_buffer(p, 0) + (size_t)b * p.max_hidden + r, xr[b * H + r] + v,
+            tag_of(p, ex + LX_O));
+  });
+  end_phase(p, stack | PH_O);
+
+  // post-attention norm, gate and up rows in pairs: SiLU(gate) * up
+  first = first_chunks(lw.gate_up, inter, H);
+  if (has_rows(inter) || owner) collect_x(p, x_words(0, ex + LX_O), nb, H, xr);
+  if (has_rows(inter)) rmsnorm_rows(xr, H, lw.post_norm, s.eps, nb, xs, sm_red(p));
+  matvec_tasks(lw.gate_up, inter, inter, H, xs, nb, first, [&](int b, int t, float gt, float up) {
+    publish(p.act + (size_t)b * p.max_inter + t, gt / (1.f + expf(-gt)) * up,
+            tag_of(p, ex + LX_ACT));
+  });
+  end_phase(p, stack | PH_GATE_UP);
+
+  // down, residual
+  first = first_chunks(lw.down, H, inter);
+  if (owner) {
+    for (int b = 0; b < nb; b++)
+      collect(p.act + (size_t)b * p.max_inter, inter, tag_of(p, ex + LX_ACT), xs + b * inter);
+    __syncthreads();
+  }
+  matvec(lw.down, H, inter, xs, nb, first, [&](int b, int r, float v) {
+    publish(x_buffer(p, 0) + (size_t)b * p.max_hidden + r, xr[b * H + r] + v,
+            tag_of(p, ex + LX_DOWN));
+  });
+  end_phase(p, stack | PH_DOWN);
+  if (layer + 1 < s.n_layers) first = first_chunks(s.layers[layer + 1].qkv, rows, H);
   return first;
+}
+
+// Every layer of a stack; the first reads `in`, the exchanges are numbered from `ex`.
+__device__ void stack_step(const Params& p, const Stack& s, int step, int nb, const int* cache_idx,
+                           const int* pos_of, int in, int ex) {
+  FirstChunks first_qkv = first_chunks(s.layers[0].qkv, s.qkv_rows(), s.hidden);
+  for (int layer = 0; layer < s.n_layers; layer++) {
+    const int lx = ex + LAYER_EXCHANGES * layer;
+    first_qkv = layer_step(p, s, step, layer, nb, cache_idx, pos_of,
+                           layer == 0 ? in : x_words(0, lx - LAYER_EXCHANGES + LX_DOWN), lx,
+                           first_qkv);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -805,17 +996,26 @@ __device__ int sample_logits(float* v, int n, const Sampler& sp, u32 seed_lo, u3
 // ---------------------------------------------------------------------------------------------
 // phases
 
+// Row stride of the logits words.
+__device__ __forceinline__ int logits_stride(const Params& p) {
+  return p.vocab > p.cp_vocab ? p.vocab : p.cp_vocab;
+}
+
 // Talker codebook-0 processors in the official order (repetition penalty over the previous
 // codebook-0 ids, min 2 new tokens before EOS, suppression of 2048..3071 except EOS), then sample.
-__device__ int sample_talker(const Params& p, int b, float* work, float* redf, int* redi) {
+// In a frame launch the frame's codebook 0 joins the history first.
+__device__ int sample_talker(const Params& p, int b, u32 t_logits, float* work, float* redf,
+                             int* redi) {
   const int slot = p.slot[b], V = p.vocab;
-  const float* logits = p.talker_logits + (size_t)slot * V;
-  const unsigned char* seen = p.seen + (size_t)slot * V;
+  unsigned char* seen = p.seen + (size_t)slot * V;
   const Sampler& sp = p.talker_sampler[b];
   float* v = work;
   u32* hist = reinterpret_cast<u32*>(work + V);
+  if (p.mode == MODE_FRAME && tid() == 0) seen[p.c0[b]] = 1;
+  collect(p.logits + (size_t)b * logits_stride(p), V, t_logits, v);
+  __syncthreads();
   for (int i = tid(); i < V; i += THREADS) {
-    float x = logits[i];
+    float x = v[i];
     if (seen[i]) x = x < 0.f ? x * sp.repetition_penalty : x / sp.repetition_penalty;
     if (i == p.eos_id && p.n_sampled[b] < 2) x = NEG_INF;
     if (i >= V - 1024 && i != p.eos_id) x = NEG_INF;
@@ -826,34 +1026,31 @@ __device__ int sample_talker(const Params& p, int b, float* work, float* redf, i
                        hist, work + V + HIST_WORDS);
 }
 
-__device__ int sample_sub(const Params& p, int b, int group, float* work, float* redf, int* redi) {
+__device__ int sample_sub(const Params& p, int b, int group, u32 t_logits, float* work,
+                          float* redf, int* redi) {
   const int V = p.cp_vocab;
   float* v = work;
   u32* hist = reinterpret_cast<u32*>(work + V);
-  for (int i = tid(); i < V; i += THREADS) v[i] = p.cp_logits[(size_t)b * V + i];
+  collect(p.logits + (size_t)b * logits_stride(p), V, t_logits, v);
   __syncthreads();
   return sample_logits(v, V, p.sub_sampler[b], p.seed_lo[b], p.seed_hi[b], (u32)p.n_sampled[b],
                        (u32)group, redf, redi, hist, work + V + HIST_WORDS);
 }
 
-// The code predictor's input row for every sequence: small_to_mtp_projection(src) when the
-// checkpoint has one, else src itself. `src(b, i)` gives element i of sequence b's talker-width row.
-template <typename Src>
-__device__ void cp_input(const Params& p, int nb, Src src, float* xs, Launch& L) {
-  const int H = p.talker.hidden, max_hidden = p.max_hidden;
-  float* x = p.x;
-  if (p.proj_w) {
-    for (int b = 0; b < nb; b++)
-      for (int i = tid(); i < H; i += THREADS) xs[b * H + i] = src(b, i);
-    __syncthreads();
-    const bf16_t* bias = p.proj_b;
-    matvec(p.proj_w, p.cp.hidden, H, xs, nb, first_chunks(p.proj_w, p.cp.hidden, H),
-           [&](int b, int r, float v) { x[(size_t)b * max_hidden + r] = v + bf2f(bias[r]); });
-  } else if (bid() == 0) {
-    for (int b = 0; b < nb; b++)
-      for (int i = tid(); i < H; i += THREADS) x[(size_t)b * max_hidden + i] = src(b, i);
-  }
-  L.bar.sync(p, PH_INPUT);
+// With a small_to_mtp_projection, the code predictor's input x is the projection of the
+// (talker-width) input `in`, x words of buffer 1 at exchange `ex`; without one, `in` itself.
+__device__ int cp_input(const Params& p, int nb, int in, int ex) {
+  if (!p.proj_w) return in;
+  const int H = p.talker.hidden, rows = p.cp.hidden;
+  const bf16_t* bias = p.proj_b;
+  const FirstChunks first = first_chunks(p.proj_w, rows, H);
+  float* xs = sm_xs();
+  if (has_rows(rows)) collect_x(p, in, nb, H, xs);
+  matvec(p.proj_w, rows, H, xs, nb, first, [&](int b, int r, float v) {
+    publish(x_buffer(p, 1) + (size_t)b * p.max_hidden + r, v + bf2f(bias[r]), tag_of(p, ex));
+  });
+  end_phase(p, PH_INPUT);
+  return x_words(1, ex);
 }
 
 __device__ __forceinline__ const bf16_t* cp_embedding_row(const Params& p, int table, int code) {
@@ -861,16 +1058,31 @@ __device__ __forceinline__ const bf16_t* cp_embedding_row(const Params& p, int t
   return p.cp_embedding + ((size_t)table * p.cp_vocab + code) * H;
 }
 
-// Final RMSNorm of every row of x into xs, then a head matvec into `out` (row stride `vocab`).
+// Final RMSNorm of every sequence's x `in` (normed rows left in xs), then a head matvec into
+// the logits words of exchange `ex`, and into copy_of[b] too when copy_of is given.
 __device__ void norm_and_head(const Params& p, const Stack& s, const bf16_t* head, int vocab,
-                              float* out_of_b[MAX_B], int nb, float* xs, float* red, Launch& L) {
-  rmsnorm_rows(p.x, p.max_hidden, s.hidden, s.final_norm, s.eps, nb, xs, red);
-  matvec(head, vocab, s.hidden, xs, nb, first_chunks(head, vocab, s.hidden),
-         [&](int b, int r, float v) { out_of_b[b][r] = v; });
+                              float* const* copy_of, int nb, int in, int ex) {
+  const FirstChunks first = first_chunks(head, vocab, s.hidden);
+  float* xs = sm_xs();
+  if (has_rows(vocab)) {
+    collect_x(p, in, nb, s.hidden, sm_xr(p));
+    rmsnorm_rows(sm_xr(p), s.hidden, s.final_norm, s.eps, nb, xs, sm_red(p));
+  }
+  const int stride = logits_stride(p);
+  matvec(head, vocab, s.hidden, xs, nb, first, [&](int b, int r, float v) {
+    publish(p.logits + (size_t)b * stride + r, v, tag_of(p, ex));
+    if (copy_of) copy_of[b][r] = v;
+  });
 }
 
-// FRAME(codes) + the next trailing text row (the last trailing row is tts_pad), into x[b].
-__device__ void frame_embedding(const Params& p, int b) {
+// x words of one sequence: a bf16 embedding row (the next predictor input).
+__device__ void publish_row(u64* dst, const bf16_t* row, int n, u32 t) {
+  for (int i = tid(); i < n; i += THREADS) publish(dst + i, bf2f(row[i]), t);
+}
+
+// FRAME(codes) + the next trailing text row (the last trailing row is tts_pad): the talker's
+// input x words of sequence b.
+__device__ void frame_embedding(const Params& p, int b, u64* dst, u32 t) {
   const int H = p.talker.hidden;
   const int* codes = p.codes + b * CODE_WORDS;
   const int g = p.step[b];
@@ -880,103 +1092,85 @@ __device__ void frame_embedding(const Params& p, int b) {
   for (int i = tid(); i < H; i += THREADS) {
     float e = bf2f(c0row[i]);
     for (int j = 1; j < p.groups; j++) e += bf2f(cp_embedding_row(p, j - 1, codes[j])[i]);
-    p.x[(size_t)b * p.max_hidden + i] = e + trailing[i];
+    publish(dst + i, e + trailing[i], t);
   }
 }
 
-__device__ void code_predictor(const Params& p, int nb, float* xs, float* red, int* redi,
-                               float* work, Launch& L) {
+__device__ void code_predictor(const Params& p, int nb) {
   const Stack& s = p.cp;
-  const int H = p.talker.hidden;
+  const int H = p.talker.hidden, max_hidden = p.max_hidden;
+  const int layers_ex = LAYER_EXCHANGES * s.n_layers;
   int cache_idx[MAX_B], pos_of[MAX_B];
-  float* logits_of[MAX_B];
-  for (int b = 0; b < MAX_B; b++) {
-    cache_idx[b] = b;
-    logits_of[b] = p.cp_logits + (size_t)b * p.cp_vocab;
-  }
+  for (int b = 0; b < MAX_B; b++) cache_idx[b] = b;
   for (int step = 0; step < p.groups; step++) {
     for (int b = 0; b < MAX_B; b++) pos_of[b] = step;
+    const int ex = pass_exchange(p, step);
+    const int in = step == 0 ? X_PAST : x_words(0, next_input_exchange(p, step - 1));
+    stack_step(p, s, step, nb, cache_idx, pos_of, cp_input(p, nb, in, ex), ex + 1);
+    const u32 t_out = tag_of(p, ex + layers_ex);  // the last layer's LX_DOWN
+    const u32 t_next = tag_of(p, next_input_exchange(p, step));
+    u64* next = x_buffer(p, 0);
     if (step == 0) {
-      cp_input(p, nb, [&](int b, int i) { return p.past_hidden[(size_t)p.slot[b] * H + i]; }, xs,
-               L);
-    } else if (step == 1) {
-      cp_input(p, nb,
-               [&](int b, int i) { return bf2f(p.codec_embedding[(size_t)p.c0[b] * H + i]); }, xs,
-               L);
-    } else if (p.proj_w) {
-      cp_input(p, nb,
-               [&](int b, int i) {
-                 return bf2f(cp_embedding_row(p, step - 2, p.codes[b * CODE_WORDS + step - 1])[i]);
-               },
-               xs, L);
+      // The second input row is codebook 0's embedding. It still goes through the exchange,
+      // written once the first pass's output is complete, so that no block starts the second
+      // pass while another still reads the first's words.
+      for (int b = bid(); b < nb; b += gridDim.x) {
+        collect(x_buffer(p, 0) + (size_t)b * max_hidden, s.hidden, t_out, sm_xr(p));
+        __syncthreads();
+        publish_row(next + (size_t)b * max_hidden, p.codec_embedding + (size_t)p.c0[b] * H, H,
+                    t_next);
+      }
+      end_phase(p, PH_INPUT);
+      continue;
     }
-    FirstChunks first_qkv = first_chunks(s.layers[0].qkv, s.qkv_rows(), s.hidden);
-    for (int layer = 0; layer < s.n_layers; layer++)
-      first_qkv =
-          layer_step(p, s, step, layer, nb, cache_idx, pos_of, xs, red, work, L, first_qkv);
-    if (step == 0) continue;
     norm_and_head(p, s, p.cp_heads + (size_t)(step - 1) * p.cp_vocab * s.hidden, p.cp_vocab,
-                  logits_of, nb, xs, red, L);
-    L.bar.sync(p, PH_HEAD);
+                  nullptr, nb, x_words(0, ex + layers_ex), ex + 1 + layers_ex);
+    end_phase(p, PH_HEAD);
     for (int b = bid(); b < nb; b += gridDim.x) {
-      const int own = sample_sub(p, b, step, work, red, redi);
+      const int own = sample_sub(p, b, step, tag_of(p, ex + 1 + layers_ex), sm_work(p), sm_red(p),
+                                 sm_redi(p));
       const int code = p.forced ? p.forced_codes[b][step] : own;
       if (tid() == 0) {
         p.codes[b * CODE_WORDS + step] = code;
         p.codes[b * CODE_WORDS + OWN + step] = own;
+        if (step == 1) p.codes[b * CODE_WORDS] = p.c0[b];
       }
       __syncthreads();
-      if (step + 1 < p.groups) {
-        if (!p.proj_w) {
-          const bf16_t* row = cp_embedding_row(p, step - 1, code);
-          for (int i = tid(); i < H; i += THREADS)
-            p.x[(size_t)b * p.max_hidden + i] = bf2f(row[i]);
-        }
-      } else {
-        frame_embedding(p, b);
-      }
+      u64* dst = next + (size_t)b * max_hidden;
+      if (step + 1 < p.groups)
+        publish_row(dst, cp_embedding_row(p, step - 1, code), H, t_next);
+      else
+        frame_embedding(p, b, dst, t_next);
       __syncthreads();
     }
-    L.bar.sync(p, PH_SAMPLE);
+    end_phase(p, PH_SAMPLE);
   }
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) frame_kernel(const Params p) {
-  extern __shared__ float smem[];
-  float* xs = smem;
-  float* red = xs + p.smem_x_floats;
-  int* redi = reinterpret_cast<int*>(red + 32);
-  float* work = red + 64;
-  Launch L{GridBarrier{0u}};
-  L.bar.mark(p, PH_START);
+  if (p.marks && bid() == 0 && tid() == 0) record_mark(p.marks, p.max_marks, PH_START);
   const int nb = p.batch;
   const int H = p.talker.hidden;
+  const int tx = talker_exchange(p), head_ex = tx + LAYER_EXCHANGES * p.talker.n_layers;
 
+  int in = X_PLAIN;  // MODE_HEAD: Params::x holds each sequence's last talker row
   if (p.mode == MODE_FRAME) {
-    if (bid() == 0 && tid() == 0) {
-      for (int b = 0; b < nb; b++) {
-        p.codes[b * CODE_WORDS] = p.c0[b];
-        p.seen[(size_t)p.slot[b] * p.vocab + p.c0[b]] = 1;
-      }
-    }
-    code_predictor(p, nb, xs, red, redi, work, L);
-    FirstChunks first_qkv = first_chunks(p.talker.layers[0].qkv, p.talker.qkv_rows(), H);
-    for (int layer = 0; layer < p.talker.n_layers; layer++)
-      first_qkv =
-          layer_step(p, p.talker, -1, layer, nb, p.slot, p.pos, xs, red, work, L, first_qkv);
+    code_predictor(p, nb);
+    stack_step(p, p.talker, -1, nb, p.slot, p.pos, x_words(0, next_input_exchange(p, p.groups - 1)),
+               tx);
+    in = x_words(0, head_ex - LAYER_EXCHANGES + LX_DOWN);
   }
-  // MODE_HEAD: x already holds each sequence's last talker row (the batched prefill).
   float* logits_of[MAX_B];
   for (int b = 0; b < MAX_B; b++)
     logits_of[b] = p.talker_logits + (size_t)(b < nb ? p.slot[b] : 0) * p.vocab;
-  norm_and_head(p, p.talker, p.codec_head, p.vocab, logits_of, nb, xs, red, L);
+  norm_and_head(p, p.talker, p.codec_head, p.vocab, logits_of, nb, in, head_ex);
   if (bid() == 0)
     for (int b = 0; b < nb; b++)
       for (int i = tid(); i < H; i += THREADS)
-        p.past_hidden[(size_t)p.slot[b] * H + i] = xs[b * H + i];
-  L.bar.sync(p, PH_TALKER | PH_HEAD);
+        p.past_hidden[(size_t)p.slot[b] * H + i] = sm_xs()[b * H + i];
+  end_phase(p, PH_TALKER | PH_HEAD);
   for (int b = bid(); b < nb; b += gridDim.x) {
-    const int own = sample_talker(p, b, work, red, redi);
+    const int own = sample_talker(p, b, tag_of(p, head_ex), sm_work(p), sm_red(p), sm_redi(p));
     const int c0 = p.forced ? p.forced_codes[b][16] : own;
     if (tid() == 0) {
       p.codes[b * CODE_WORDS + OWN + 16] = own;
@@ -984,5 +1178,5 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) frame_kernel(const Para
       p.codes[b * CODE_WORDS + 17] = c0 == p.eos_id;
     }
   }
-  L.bar.mark(p, PH_TALKER | PH_SAMPLE);
+  if (p.marks && bid() == 0 && tid() == 0) record_mark(p.marks, p.max_marks, PH_TALKER | PH_SAMPLE);
 }

@@ -16,8 +16,8 @@ use voxkernel_core::prompt::{CodecSource, PromptPlan};
 use voxkernel_core::sampling::{SamplerParams, SamplingConfig};
 
 use crate::layout::{
-    BLOCK_THREADS, BLOCK_WARPS, CODE_WORDS, FrameParams, HEADS_PER_PASS, HIST_WORDS, MAX_BATCH,
-    MAX_HEAD_DIM, MODE_FRAME, MODE_HEAD, OWN_CODES, Sampler, Stack,
+    BLOCK_THREADS, BLOCK_WARPS, CODE_WORDS, EXCHANGE_BITS, FrameParams, HEADS_PER_PASS, HIST_WORDS,
+    MAX_BATCH, MAX_HEAD_DIM, MODE_FRAME, MODE_HEAD, OWN_CODES, Sampler, Stack,
 };
 use crate::prefill::{Codec, Prefill, Segment, TalkerState, TextRow};
 use crate::runtime;
@@ -122,16 +122,33 @@ struct Buffers {
     trailing: CudaSlice<f32>,
     seen: CudaSlice<u8>,
     talker_logits: CudaSlice<f32>,
-    x: CudaSlice<f32>,
-    qkv: CudaSlice<f32>,
-    attn: CudaSlice<f32>,
+    /// Tagged words between the frame kernel's blocks (`FrameParams::xw` ...).
+    exchange: Exchange,
     attn_part: CudaSlice<f32>,
     attn_count: CudaSlice<u32>,
-    gate_up: CudaSlice<f32>,
-    cp_logits: CudaSlice<f32>,
     codes: CudaSlice<i32>,
-    barrier: CudaSlice<u32>,
     marks: CudaSlice<u64>,
+}
+
+/// The frame kernel's tagged-word buffers. Zeroed at construction and whenever the epoch wraps,
+/// so that no word left from an earlier launch can carry a tag a later launch waits for.
+struct Exchange {
+    xw: CudaSlice<u64>,
+    qkv: CudaSlice<u64>,
+    attn: CudaSlice<u64>,
+    act: CudaSlice<u64>,
+    logits: CudaSlice<u64>,
+}
+
+impl Exchange {
+    fn zero(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        stream.memset_zeros(&mut self.xw)?;
+        stream.memset_zeros(&mut self.qkv)?;
+        stream.memset_zeros(&mut self.attn)?;
+        stream.memset_zeros(&mut self.act)?;
+        stream.memset_zeros(&mut self.logits)?;
+        Ok(())
+    }
 }
 
 fn zeros<T: cudarc::driver::DeviceRepr + ValidAsZeroBits>(
@@ -157,6 +174,8 @@ pub struct CudaBackend {
     base: FrameParams,
     grid: u32,
     frame_smem: u32,
+    /// The last launch's epoch (`FrameParams::epoch`).
+    epoch: u32,
     /// Record phase marks (`FrameParams::marks`) in every launch.
     profile: bool,
     /// Code words of every slot's group of up to `MAX_BATCH` head launches.
@@ -254,7 +273,27 @@ impl CudaBackend {
         let max_q = t.q_width().max(c.q_width());
         let max_inter = t.inter.max(c.inter);
         // start + per predictor pass (input, 5 per layer, head, sampling) + the talker's
+        for (name, st) in [("talker", t), ("code predictor", c)] {
+            // The kernel's blocks that own residual rows must also compute q|k|v and gate|up
+            // rows: its words are never overwritten before all their readers have read them.
+            ensure!(
+                st.qkv_width() >= st.hidden && st.inter >= st.hidden,
+                "the frame kernel needs the {name}'s q|k|v width ({}) and intermediate size ({}) \
+                 to be at least its hidden size ({})",
+                st.qkv_width(),
+                st.inter,
+                st.hidden
+            );
+        }
         let max_marks = 1 + g * (3 + 5 * c.layers) + 5 * t.layers + 3;
+        // exchanges per launch: per predictor pass the projection, 5 per layer, the head and the
+        // sampling; the talker's 5 per layer and its head
+        let exchanges = g * (3 + 5 * c.layers) + 5 * t.layers + 1;
+        ensure!(
+            exchanges < 1 << EXCHANGE_BITS,
+            "the frame kernel's tags count {} exchanges per launch; this checkpoint needs {exchanges}",
+            (1 << EXCHANGE_BITS) - 1
+        );
         // attention partials: per sequence, every q head's chunks (the talker's positions or the
         // predictor's groups, whichever needs more), each head_dim outputs + max + denominator
         // a chunk as long as the cache is one chunk (and keeps the kernel's int in range)
@@ -295,19 +334,24 @@ impl CudaBackend {
             trailing: zeros(&stream, slots * max_len * t.hidden, "trailing rows")?,
             seen: zeros(&stream, slots * geometry.vocab, "codebook-0 history")?,
             talker_logits: zeros(&stream, slots * geometry.vocab, "talker logits")?,
-            x: zeros(&stream, MAX_BATCH * max_hidden, "x")?,
-            qkv: zeros(&stream, MAX_BATCH * max_qkv, "qkv")?,
-            attn: zeros(&stream, MAX_BATCH * max_q, "attn")?,
+            exchange: Exchange {
+                xw: zeros(&stream, 2 * MAX_BATCH * max_hidden, "x words")?,
+                qkv: zeros(&stream, MAX_BATCH * max_qkv, "qkv words")?,
+                attn: zeros(&stream, MAX_BATCH * max_q, "attention words")?,
+                act: zeros(&stream, MAX_BATCH * max_inter, "MLP words")?,
+                logits: zeros(
+                    &stream,
+                    MAX_BATCH * geometry.vocab.max(geometry.cp_vocab),
+                    "logits words",
+                )?,
+            },
             attn_part: zeros(&stream, MAX_BATCH * attn_part_stride, "attention partials")?,
             attn_count: zeros(
                 &stream,
                 MAX_BATCH * t.n_kv.max(c.n_kv),
                 "attention counters",
             )?,
-            gate_up: zeros(&stream, MAX_BATCH * 2 * max_inter, "gate_up")?,
-            cp_logits: zeros(&stream, MAX_BATCH * geometry.cp_vocab, "predictor logits")?,
             codes: zeros(&stream, code_words(slots), "codes")?,
-            barrier: zeros(&stream, 1, "grid barrier")?,
             marks: zeros(&stream, 2 * max_marks, "profile marks")?,
         };
 
@@ -332,7 +376,8 @@ impl CudaBackend {
         .into_iter()
         .max()
         .unwrap_or(0);
-        let frame_smem = (4 * (smem_x_floats + 64 + work)) as u32;
+        // x inputs, the block's raw x rows, reduction words, attention / sampling scratch
+        let frame_smem = (4 * (smem_x_floats + MAX_BATCH * max_hidden + 64 + work)) as u32;
         frame_fn.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             frame_smem as i32,
@@ -348,7 +393,8 @@ impl CudaBackend {
             "the frame kernel cannot be resident on this GPU ({frame_smem} bytes of shared memory, \
              {BLOCK_THREADS} threads per block)"
         );
-        // One block per SM: every block must be co-resident for the grid barrier.
+        // One block per SM: every block must be co-resident, since blocks wait on each other's
+        // words.
         let grid = sms as u32;
 
         let w = weights.ptr;
@@ -382,15 +428,14 @@ impl CudaBackend {
             trailing: ptr(&bufs.trailing, s),
             seen: ptr(&bufs.seen, s),
             talker_logits: ptr(&bufs.talker_logits, s),
-            x: ptr(&bufs.x, s),
-            qkv: ptr(&bufs.qkv, s),
-            attn: ptr(&bufs.attn, s),
+            xw: ptr(&bufs.exchange.xw, s),
+            qkv: ptr(&bufs.exchange.qkv, s),
+            attn: ptr(&bufs.exchange.attn, s),
+            act: ptr(&bufs.exchange.act, s),
+            logits: ptr(&bufs.exchange.logits, s),
             attn_part: ptr(&bufs.attn_part, s),
             attn_count: ptr(&bufs.attn_count, s),
-            gate_up: ptr(&bufs.gate_up, s),
-            cp_logits: ptr(&bufs.cp_logits, s),
             codes: ptr(&bufs.codes, s),
-            barrier: ptr(&bufs.barrier, s),
             vocab: geometry.vocab as i32,
             max_marks: max_marks as i32,
             attention_chunk: attention_chunk as i32,
@@ -438,6 +483,7 @@ impl CudaBackend {
             base,
             grid,
             frame_smem,
+            epoch: 0,
             profile: false,
             codes_host,
             slots: vec![None; slots],
@@ -602,8 +648,13 @@ impl CudaBackend {
     }
 
     fn launch_frame_kernel(&mut self, params: &FrameParams) -> Result<()> {
-        self.stream.memset_zeros(&mut self.bufs.barrier)?;
+        self.epoch += 1;
+        if self.epoch >= 1 << (32 - EXCHANGE_BITS) {
+            self.bufs.exchange.zero(&self.stream)?;
+            self.epoch = 1;
+        }
         let mut params = *params;
+        params.epoch = self.epoch;
         // every sequence of the talker step gets the chunks its longest one needs
         let longest = params.pos[..params.batch as usize]
             .iter()
@@ -627,7 +678,7 @@ impl CudaBackend {
         launch.arg(&params);
         // SAFETY: every pointer in `params` addresses a live allocation owned by `self` and sized
         // in `new` for the geometry and options the kernel is told about; the cooperative launch
-        // guarantees the co-residency the grid barrier needs.
+        // guarantees the co-residency that blocks waiting on each other's words need.
         unsafe { launch.launch_cooperative(cfg) }.context("launching the frame kernel")?;
         Ok(())
     }

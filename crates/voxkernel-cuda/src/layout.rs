@@ -23,6 +23,9 @@ pub const HIST_WORDS: usize = 264;
 /// Largest head_dim the attention's registers hold (`MAX_HEAD_DIM` in the kernel).
 pub const MAX_HEAD_DIM: usize = 128;
 
+/// Bits of a tag that count a launch's exchanges (`EXCHANGE_BITS` in the kernel).
+pub const EXCHANGE_BITS: u32 = 11;
+
 /// Phase tags of the profile marks (`PH_*` in the kernel): the phase whose end a mark records,
 /// with [`PHASE_TALKER`] set for the talker stack.
 pub const PHASE_NAMES: [&str; 9] = [
@@ -114,15 +117,18 @@ pub struct FrameParams {
     pub seen: u64,
     pub talker_logits: u64,
     pub x: u64,
+    /// Tagged words (`u64`): `xw` two buffers of `[MAX_BATCH][max_hidden]`.
+    pub xw: u64,
     pub qkv: u64,
     pub attn: u64,
+    pub act: u64,
+    pub logits: u64,
     pub attn_part: u64,
     pub attn_count: u64,
-    pub gate_up: u64,
-    pub cp_logits: u64,
     pub codes: u64,
-    pub barrier: u64,
     pub marks: u64,
+    /// Tags of this launch: `(epoch << EXCHANGE_BITS) | exchange`; never 0.
+    pub epoch: u32,
     pub vocab: i32,
     pub cp_vocab: i32,
     pub groups: i32,
@@ -261,7 +267,7 @@ mod tests {
             (15 * 8 + 13 * 4_usize).next_multiple_of(8)
         );
         let frame =
-            2 * 72 + 20 * 8 + 17 * 4 + 8 * 4 * MAX_BATCH + 2 * 20 * MAX_BATCH + 17 * 4 * MAX_BATCH;
+            2 * 72 + 20 * 8 + 18 * 4 + 8 * 4 * MAX_BATCH + 2 * 20 * MAX_BATCH + 17 * 4 * MAX_BATCH;
         assert_eq!(
             std::mem::size_of::<FrameParams>(),
             frame.next_multiple_of(8)

@@ -221,10 +221,7 @@ __device__ __forceinline__ float word_value(u64 w) { return __uint_as_float((u32
 // One word, once it carries `tag`.
 __device__ __forceinline__ float await_word(const u64* p, u32 tag) {
   u64 w = ld_word(p);
-  while ((u32)(w >> 32) != tag) {
-    __nanosleep(32);
-    w = ld_word(p);
-  }
+  while ((u32)(w >> 32) != tag) w = ld_word(p);
   return word_value(w);
 }
 
@@ -244,10 +241,7 @@ __device__ void collect(const u64* src, int n, u32 tag, float* out) {
     for (int j = 0; j < COLLECT_DEPTH; j++) {
       const int i = base + j * THREADS;
       if (i >= n) continue;
-      while ((u32)(w[j] >> 32) != tag) {
-        __nanosleep(32);
-        w[j] = ld_word(src + i);
-      }
+      while ((u32)(w[j] >> 32) != tag) w[j] = ld_word(src + i);
       out[i] = word_value(w[j]);
     }
   }
@@ -291,29 +285,19 @@ __device__ __forceinline__ int next_input_exchange(const Params& p, int step) {
 
 __device__ __forceinline__ int x_words(int slot, int exchange) { return (slot << 16) | exchange; }
 
-// The dynamic shared memory: staged weight chunks (STAGE_CHUNKS per thread), a matvec's inputs
-// (xs), the block's raw x rows (xr), reduction words, attention scratch. Addresses
-// are computed where used, from the array and the launch's constants: pointers kept live across
-// the kernel would cost registers.
-#define STAGE_CHUNKS 16
-#define STAGE_FLOATS (STAGE_CHUNKS * THREADS * 4)
+// The dynamic shared memory: a matvec's inputs (xs), the block's raw x rows (xr), reduction
+// words, attention / sampling scratch. Addresses are computed where used, from the array and
+// the launch's constants: pointers kept live across the kernel would cost registers.
 extern __shared__ float smem[];
-__device__ __forceinline__ uint4* sm_stage() { return reinterpret_cast<uint4*>(smem); }
-__device__ __forceinline__ float* sm_xs() { return smem + STAGE_FLOATS; }
-__device__ __forceinline__ float* sm_xr(const Params& p) {
-  return smem + STAGE_FLOATS + p.smem_x_floats;
-}
+__device__ __forceinline__ float* sm_xs() { return smem; }
+__device__ __forceinline__ float* sm_xr(const Params& p) { return smem + p.smem_x_floats; }
 __device__ __forceinline__ float* sm_red(const Params& p) {
-  return sm_xr(p) + MAX_B * p.max_hidden;
+  return smem + p.smem_x_floats + MAX_B * p.max_hidden;
 }
 __device__ __forceinline__ int* sm_redi(const Params& p) {
   return reinterpret_cast<int*>(sm_red(p) + 32);
 }
-// attention scratch
 __device__ __forceinline__ float* sm_work(const Params& p) { return sm_red(p) + 64; }
-// Sampling scratch: the stage buffer, idle while a block samples (every copy into it has been
-// waited for by the head's matvec, and the next is issued after the sampling).
-__device__ __forceinline__ float* sm_sample() { return smem; }
 
 __device__ __forceinline__ u64* x_buffer(const Params& p, int slot) {
   return p.xw + (size_t)slot * MAX_B * p.max_hidden;
@@ -370,64 +354,86 @@ __device__ void collect_x(const Params& p, int in, int nb, int n, float* out) {
   __syncthreads();
 }
 
-// 16-byte weight chunks a lane loads before it uses the first (chunks not staged).
+// Whether this block computes any of `rows` rows (matvec_tasks' order: row t in block
+// t % gridDim.x).
+__device__ __forceinline__ bool has_rows(int rows) { return bid() < rows; }
+
+// 16-byte weight chunks a lane loads before it uses the first.
 #define MATVEC_DEPTH 4
 
-// Task k of this warp in a matvec of `tasks` tasks (-1 past the last): task t goes to block
-// t % gridDim.x, so every block streams an equal share of the weights.
-__device__ __forceinline__ int warp_task(int k, int tasks) {
-  const int t = bid() + gridDim.x * ((tid() >> 5) + WARPS * k);
-  return t < tasks ? t : -1;
-}
+// The first MATVEC_DEPTH chunks (per lane) of a warp's first row of a matvec. Weights depend on
+// nothing, so a phase loads them before it awaits its inputs: their memory round trip overlaps
+// the wait instead of following it. Volatile keeps the loads there.
+struct FirstChunks {
+  uint4 w[MATVEC_DEPTH];
+};
 
-// Whether this block computes any of `tasks` tasks (matvec_tasks' order).
-__device__ __forceinline__ bool has_rows(int tasks) { return bid() < tasks; }
-
-// Issues the copies of this lane's weight chunks of a matvec_tasks call (the same W, tasks,
-// pair and K), its first STAGE_CHUNKS in the order it uses them, into the thread's own slots of
-// the stage buffer. Weights depend on nothing, so a phase issues them before it awaits its
-// inputs: they stream during the wait. Only the issuing thread reads its slots, after
-// cp.async.wait_group: no block barrier is needed.
-__device__ void stage_weights(const bf16_t* W, int tasks, int pair, int K) {
-  const int lane = tid() & 31, k8 = K >> 3;
-  int s = 0;
-  for (int k = 0; s < STAGE_CHUNKS; k++) {
-    const int t = warp_task(k, tasks);
-    if (t < 0) break;
-    for (int half = 0; half < (pair > 0 ? 2 : 1); half++) {
-      const uint4* wr = reinterpret_cast<const uint4*>(W + (size_t)(t + half * pair) * K);
-      for (int i = lane; i < k8 && s < STAGE_CHUNKS; i += 32, s++) {
-        const u32 dst = (u32)__cvta_generic_to_shared(sm_stage() + s * THREADS + tid());
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(wr + i)
-                     : "memory");
-      }
-    }
+__device__ FirstChunks first_chunks(const bf16_t* W, int rows, int K) {
+  FirstChunks f;
+  const int r = bid() + gridDim.x * (tid() >> 5), lane = tid() & 31, k8 = K >> 3;
+  const uint4* wr = reinterpret_cast<const uint4*>(W + (size_t)(r < rows ? r : 0) * K);
+#pragma unroll
+  for (int j = 0; j < MATVEC_DEPTH; j++) {
+    f.w[j] = make_uint4(0u, 0u, 0u, 0u);
+    if (r < rows && lane + 32 * j < k8)
+      asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                   : "=r"(f.w[j].x), "=r"(f.w[j].y), "=r"(f.w[j].z), "=r"(f.w[j].w)
+                   : "l"(wr + lane + 32 * j));
   }
-  asm volatile("cp.async.commit_group;" ::: "memory");
+  return f;
 }
 
-// Every warp of the grid takes whole tasks (warp_task): task t is output row t, y[b][t] =
-// W[t] . xs[b], and with `pair` > 0 also row t + pair (gate and up rows of one SiLU * up
-// output). K must be a multiple of 8 (16-byte weight loads). The weights come from the stage
-// buffer (stage_weights of the same W, tasks, pair, K, issued by the caller), the chunks beyond
-// it from global memory, MATVEC_DEPTH at a time. Each row's sum runs over its chunks in order.
-// `emit(b, t, y_t, y_t+pair)` (the second 0 without a pair) is called by lane 0.
+// Every warp of the grid takes whole tasks: task t is output row t, y[b][t] = W[t] . xs[b], and
+// with `pair` > 0 also row t + pair (gate and up rows of one SiLU * up output). Task t goes to
+// block t % gridDim.x, so that every block streams an equal share of the weights. K must be a
+// multiple of 8 (16-byte weight loads). A warp walks the batches of MATVEC_DEPTH chunks per lane
+// of all its rows as one stream and loads the next batch (of the same row or of its next row)
+// before it uses the current one, so that a warp's rows do not each wait a memory round trip;
+// the first batch is `first` (first_chunks of the same W, tasks, K). Each row's sum runs over
+// its chunks in order. `emit(b, t, y_t, y_t+pair)` (the second 0 without a pair) is called by
+// lane 0.
 template <typename Emit>
 __device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const float* xs, int nb,
-                             Emit emit) {
+                             const FirstChunks& first, Emit emit) {
   const int lane = tid() & 31;
   const int k8 = K >> 3;
-  asm volatile("cp.async.wait_group 0;" ::: "memory");
-  float acc[MAX_B];
-  int s = 0;  // the lane's next stage slot
-  // adds the chunks i0, i0 + 32, ... of one batch to acc
-  auto consume = [&](const uint4* w, int i0) {
+  const int per_task = pair > 0 ? 2 : 1;
+  // the warp's q-th row, or -1
+  auto row_of = [&](int q) {
+    const int t = bid() + gridDim.x * ((tid() >> 5) + WARPS * (q / per_task));
+    return t < tasks ? t + (q % per_task) * pair : -1;
+  };
+  auto load = [&](uint4* w, int r, int b0) {
+    const uint4* wr = reinterpret_cast<const uint4*>(W + (size_t)(r < 0 ? 0 : r) * K);
 #pragma unroll
     for (int j = 0; j < MATVEC_DEPTH; j++) {
-      const int i = i0 + 32 * j;
+      const int i = b0 + lane + 32 * j;
+      w[j] = r >= 0 && i < k8 ? ld_weights(wr + i) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  };
+  float acc[MAX_B], y[MAX_B];
+#pragma unroll
+  for (int b = 0; b < MAX_B; b++) acc[b] = y[b] = 0.f;
+  uint4 cur[MATVEC_DEPTH];
+#pragma unroll
+  for (int j = 0; j < MATVEC_DEPTH; j++) cur[j] = first.w[j];
+  int q = 0, r = row_of(0), b0 = 0;  // b0: the batch's first chunk, the same for the warp
+  while (r >= 0) {
+    int nq = q, nr = r, nb0 = b0 + 32 * MATVEC_DEPTH;
+    if (nb0 >= k8) {
+      nq = q + 1;
+      nr = row_of(nq);
+      nb0 = 0;
+    }
+    uint4 nxt[MATVEC_DEPTH];
+    load(nxt, nr, nb0);
+#pragma unroll
+    for (int j = 0; j < MATVEC_DEPTH; j++) {
+      const int i = b0 + lane + 32 * j;
       if (i >= k8) continue;
-      const float w0 = bf_lo(w[j].x), w1 = bf_hi(w[j].x), w2 = bf_lo(w[j].y), w3 = bf_hi(w[j].y);
-      const float w4 = bf_lo(w[j].z), w5 = bf_hi(w[j].z), w6 = bf_lo(w[j].w), w7 = bf_hi(w[j].w);
+      const float w0 = bf_lo(cur[j].x), w1 = bf_hi(cur[j].x), w2 = bf_lo(cur[j].y);
+      const float w3 = bf_hi(cur[j].y), w4 = bf_lo(cur[j].z), w5 = bf_hi(cur[j].z);
+      const float w6 = bf_lo(cur[j].w), w7 = bf_hi(cur[j].w);
 #pragma unroll
       for (int b = 0; b < MAX_B; b++) {
         if (b < nb) {
@@ -438,52 +444,34 @@ __device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const 
         }
       }
     }
-  };
-  auto row = [&](int r) {
-    const uint4* wr = reinterpret_cast<const uint4*>(W + (size_t)r * K);
+    if (nb0 == 0) {  // the row is complete
 #pragma unroll
-    for (int b = 0; b < MAX_B; b++) acc[b] = 0.f;
-    for (int i0 = lane; i0 < k8; i0 += 32 * MATVEC_DEPTH) {
-      // (every element set: a conditionally set one would count as live from the kernel's entry)
-      uint4 w[MATVEC_DEPTH];
+      for (int b = 0; b < MAX_B; b++)
+        if (b < nb) acc[b] = warp_sum(acc[b]);
+      const int t = r - (q % per_task) * pair;
+      if (pair > 0 && q % 2 == 0) {
 #pragma unroll
-      for (int j = 0; j < MATVEC_DEPTH; j++) {
-        const int i = i0 + 32 * j;
-        w[j] = i >= k8                  ? make_uint4(0u, 0u, 0u, 0u)
-               : s + j < STAGE_CHUNKS ? sm_stage()[(s + j) * THREADS + tid()]
-                                        : ld_weights(wr + i);
+        for (int b = 0; b < MAX_B; b++) y[b] = acc[b];
+      } else {
+#pragma unroll
+        for (int b = 0; b < MAX_B; b++)
+          if (b < nb && lane == 0) emit(b, t, pair > 0 ? y[b] : acc[b], pair > 0 ? acc[b] : 0.f);
       }
-      consume(w, i0);
-      const int left = (k8 - i0 + 31) / 32;
-      s += left < MATVEC_DEPTH ? left : MATVEC_DEPTH;
+#pragma unroll
+      for (int b = 0; b < MAX_B; b++) acc[b] = 0.f;
     }
 #pragma unroll
-    for (int b = 0; b < MAX_B; b++)
-      if (b < nb) acc[b] = warp_sum(acc[b]);
-  };
-  for (int k = 0;; k++) {
-    const int t = warp_task(k, tasks);
-    if (t < 0) break;
-    row(t);
-    if (pair > 0) {
-      float y[MAX_B];
-#pragma unroll
-      for (int b = 0; b < MAX_B; b++) y[b] = acc[b];
-      row(t + pair);
-#pragma unroll
-      for (int b = 0; b < MAX_B; b++)
-        if (b < nb && lane == 0) emit(b, t, y[b], acc[b]);
-    } else {
-#pragma unroll
-      for (int b = 0; b < MAX_B; b++)
-        if (b < nb && lane == 0) emit(b, t, acc[b], 0.f);
-    }
+    for (int j = 0; j < MATVEC_DEPTH; j++) cur[j] = nxt[j];
+    q = nq;
+    r = nr;
+    b0 = nb0;
   }
 }
 
 template <typename Emit>
-__device__ void matvec(const bf16_t* W, int rows, int K, const float* xs, int nb, Emit emit) {
-  matvec_tasks(W, rows, 0, K, xs, nb, [&](int b, int r, float v, float) { emit(b, r, v); });
+__device__ void matvec(const bf16_t* W, int rows, int K, const float* xs, int nb,
+                       const FirstChunks& first, Emit emit) {
+  matvec_tasks(W, rows, 0, K, xs, nb, first, [&](int b, int r, float v, float) { emit(b, r, v); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -552,10 +540,7 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
         const int i = lane + 32 * j;
         xv[j] = 0.f;
         if (i < hd) {
-          while ((u32)(wx[j] >> 32) != t_qkv) {
-            __nanosleep(32);
-            wx[j] = ld_word(src + i);
-          }
+          while ((u32)(wx[j] >> 32) != t_qkv) wx[j] = ld_word(src + i);
           xv[j] = word_value(wx[j]);
         }
       }
@@ -724,11 +709,13 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
 
 // One decoder layer for nb single-token rows from the input x `in`; its exchanges are numbered
 // from `ex` (LX_*), its output is the x words of buffer 0 at ex + LX_DOWN. `step` is the
-// predictor pass, or -1 for the talker. Every matvec's weights are staged before its inputs are
-// awaited. `xr` ([nb][H], shared) holds the block's copy of the raw x rows: the blocks owning
-// residual rows (those with o and down rows, the same rows) add their products to it.
-__device__ void layer_step(const Params& p, const Stack& s, int step, int layer, int nb,
-                           const int* cache_idx, const int* pos_of, int in, int ex) {
+// predictor pass, or -1 for the talker. Each matvec's first weights are loaded before its
+// inputs are awaited (`first_qkv`: by the layer before; the next layer's are returned). `xr`
+// ([nb][H], shared) holds the block's copy of the raw x rows: the blocks owning residual rows
+// (those with o and down rows, the same rows) add their products to it.
+__device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int layer, int nb,
+                                  const int* cache_idx, const int* pos_of, int in, int ex,
+                                  FirstChunks first_qkv) {
   float* xs = sm_xs();
   float* xr = sm_xr(p);
   const int stack = step < 0 ? PH_TALKER : 0;  // profile tag
@@ -738,62 +725,65 @@ __device__ void layer_step(const Params& p, const Stack& s, int step, int layer,
   const bool owner = has_rows(H);
 
   // input norm, q|k|v
-  stage_weights(lw.qkv, rows, 0, H);
   if (has_rows(rows) || owner) collect_x(p, in, nb, H, xr);
   if (has_rows(rows)) rmsnorm_rows(xr, H, lw.in_norm, s.eps, nb, xs, sm_red(p));
-  matvec(lw.qkv, rows, H, xs, nb, [&](int b, int r, float v) {
+  matvec(lw.qkv, rows, H, xs, nb, first_qkv, [&](int b, int r, float v) {
     publish(p.qkv + (size_t)b * p.max_qkv + r, v, tag_of(p, ex + LX_QKV));
   });
   end_phase(p, stack | PH_QKV);
 
-  stage_weights(lw.o, H, 0, qw);
   attention(p, s, layer, nb, cache_idx, pos_of, sm_work(p), chunks, tag_of(p, ex + LX_QKV),
             tag_of(p, ex + LX_ATTN));
   end_phase(p, stack | PH_ATTENTION);
 
   // o projection, residual
+  FirstChunks first = first_chunks(lw.o, H, qw);
   if (owner) {
     for (int b = 0; b < nb; b++)
       collect(p.attn + (size_t)b * p.max_q, qw, tag_of(p, ex + LX_ATTN), xs + b * qw);
     __syncthreads();
   }
-  matvec(lw.o, H, qw, xs, nb, [&](int b, int r, float v) {
+  matvec(lw.o, H, qw, xs, nb, first, [&](int b, int r, float v) {
     publish(x_buffer(p, 0) + (size_t)b * p.max_hidden + r, xr[b * H + r] + v,
             tag_of(p, ex + LX_O));
   });
   end_phase(p, stack | PH_O);
 
   // post-attention norm, gate and up rows in pairs: SiLU(gate) * up
-  stage_weights(lw.gate_up, inter, inter, H);
+  first = first_chunks(lw.gate_up, inter, H);
   if (has_rows(inter) || owner) collect_x(p, x_words(0, ex + LX_O), nb, H, xr);
   if (has_rows(inter)) rmsnorm_rows(xr, H, lw.post_norm, s.eps, nb, xs, sm_red(p));
-  matvec_tasks(lw.gate_up, inter, inter, H, xs, nb, [&](int b, int t, float gt, float up) {
+  matvec_tasks(lw.gate_up, inter, inter, H, xs, nb, first, [&](int b, int t, float gt, float up) {
     publish(p.act + (size_t)b * p.max_inter + t, gt / (1.f + expf(-gt)) * up,
             tag_of(p, ex + LX_ACT));
   });
   end_phase(p, stack | PH_GATE_UP);
 
   // down, residual
-  stage_weights(lw.down, H, 0, inter);
+  first = first_chunks(lw.down, H, inter);
   if (owner) {
     for (int b = 0; b < nb; b++)
       collect(p.act + (size_t)b * p.max_inter, inter, tag_of(p, ex + LX_ACT), xs + b * inter);
     __syncthreads();
   }
-  matvec(lw.down, H, inter, xs, nb, [&](int b, int r, float v) {
+  matvec(lw.down, H, inter, xs, nb, first, [&](int b, int r, float v) {
     publish(x_buffer(p, 0) + (size_t)b * p.max_hidden + r, xr[b * H + r] + v,
             tag_of(p, ex + LX_DOWN));
   });
   end_phase(p, stack | PH_DOWN);
+  if (layer + 1 < s.n_layers) first = first_chunks(s.layers[layer + 1].qkv, rows, H);
+  return first;
 }
 
 // Every layer of a stack; the first reads `in`, the exchanges are numbered from `ex`.
 __device__ void stack_step(const Params& p, const Stack& s, int step, int nb, const int* cache_idx,
                            const int* pos_of, int in, int ex) {
+  FirstChunks first_qkv = first_chunks(s.layers[0].qkv, s.qkv_rows(), s.hidden);
   for (int layer = 0; layer < s.n_layers; layer++) {
     const int lx = ex + LAYER_EXCHANGES * layer;
-    layer_step(p, s, step, layer, nb, cache_idx, pos_of,
-               layer == 0 ? in : x_words(0, lx - LAYER_EXCHANGES + LX_DOWN), lx);
+    first_qkv = layer_step(p, s, step, layer, nb, cache_idx, pos_of,
+                           layer == 0 ? in : x_words(0, lx - LAYER_EXCHANGES + LX_DOWN), lx,
+                           first_qkv);
   }
 }
 
@@ -1056,10 +1046,10 @@ __device__ int cp_input(const Params& p, int nb, int in, int ex) {
   if (!p.proj_w) return in;
   const int H = p.talker.hidden, rows = p.cp.hidden;
   const bf16_t* bias = p.proj_b;
-  stage_weights(p.proj_w, rows, 0, H);
+  const FirstChunks first = first_chunks(p.proj_w, rows, H);
   float* xs = sm_xs();
   if (has_rows(rows)) collect_x(p, in, nb, H, xs);
-  matvec(p.proj_w, rows, H, xs, nb, [&](int b, int r, float v) {
+  matvec(p.proj_w, rows, H, xs, nb, first, [&](int b, int r, float v) {
     publish(x_buffer(p, 1) + (size_t)b * p.max_hidden + r, v + bf2f(bias[r]), tag_of(p, ex));
   });
   end_phase(p, PH_INPUT);
@@ -1075,14 +1065,14 @@ __device__ __forceinline__ const bf16_t* cp_embedding_row(const Params& p, int t
 // the logits words of exchange `ex`, and into copy_of[b] too when copy_of is given.
 __device__ void norm_and_head(const Params& p, const Stack& s, const bf16_t* head, int vocab,
                               float* const* copy_of, int nb, int in, int ex) {
-  stage_weights(head, vocab, 0, s.hidden);
+  const FirstChunks first = first_chunks(head, vocab, s.hidden);
   float* xs = sm_xs();
   if (has_rows(vocab)) {
     collect_x(p, in, nb, s.hidden, sm_xr(p));
     rmsnorm_rows(sm_xr(p), s.hidden, s.final_norm, s.eps, nb, xs, sm_red(p));
   }
   const int stride = logits_stride(p);
-  matvec(head, vocab, s.hidden, xs, nb, [&](int b, int r, float v) {
+  matvec(head, vocab, s.hidden, xs, nb, first, [&](int b, int r, float v) {
     publish(p.logits + (size_t)b * stride + r, v, tag_of(p, ex));
     if (copy_of) copy_of[b][r] = v;
   });
@@ -1140,7 +1130,7 @@ __device__ void code_predictor(const Params& p, int nb) {
                   nullptr, nb, x_words(0, ex + layers_ex), ex + 1 + layers_ex);
     end_phase(p, PH_HEAD);
     for (int b = bid(); b < nb; b += gridDim.x) {
-      const int own = sample_sub(p, b, step, tag_of(p, ex + 1 + layers_ex), sm_sample(), sm_red(p),
+      const int own = sample_sub(p, b, step, tag_of(p, ex + 1 + layers_ex), sm_work(p), sm_red(p),
                                  sm_redi(p));
       const int code = p.forced ? p.forced_codes[b][step] : own;
       if (tid() == 0) {
@@ -1183,7 +1173,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) frame_kernel(const Para
         p.past_hidden[(size_t)p.slot[b] * H + i] = sm_xs()[b * H + i];
   end_phase(p, PH_TALKER | PH_HEAD);
   for (int b = bid(); b < nb; b += gridDim.x) {
-    const int own = sample_talker(p, b, tag_of(p, head_ex), sm_sample(), sm_red(p), sm_redi(p));
+    const int own = sample_talker(p, b, tag_of(p, head_ex), sm_work(p), sm_red(p), sm_redi(p));
     const int c0 = p.forced ? p.forced_codes[b][16] : own;
     if (tid() == 0) {
       p.codes[b * CODE_WORDS + OWN + 16] = own;

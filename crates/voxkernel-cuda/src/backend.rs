@@ -17,7 +17,7 @@ use voxkernel_core::sampling::{SamplerParams, SamplingConfig};
 
 use crate::layout::{
     BLOCK_THREADS, BLOCK_WARPS, CODE_WORDS, EXCHANGE_BITS, FrameParams, HEADS_PER_PASS, HIST_WORDS,
-    MAX_BATCH, MAX_HEAD_DIM, MODE_FRAME, MODE_HEAD, OWN_CODES, STAGE_FLOATS, Sampler, Stack,
+    MAX_BATCH, MAX_HEAD_DIM, MODE_FRAME, MODE_HEAD, OWN_CODES, Sampler, Stack,
 };
 use crate::prefill::{Codec, Prefill, Segment, TalkerState, TextRow};
 use crate::runtime;
@@ -367,19 +367,17 @@ impl CudaBackend {
         .max()
         .unwrap_or(0);
         let smem_x_floats = MAX_BATCH * max_k;
-        let attention_work = attention_work_floats(t).max(attention_work_floats(c));
-        let sampling_work =
-            sampling_work_floats(geometry.vocab).max(sampling_work_floats(geometry.cp_vocab));
-        // sampling runs in the stage buffer (frame.cu `sm_sample`)
-        ensure!(
-            sampling_work <= STAGE_FLOATS,
-            "a vocabulary of {} needs more sampling scratch than the frame kernel has",
-            geometry.vocab.max(geometry.cp_vocab)
-        );
-        // staged weights, x inputs, the block's raw x rows, reduction words, attention scratch
-        let frame_smem = (4
-            * (STAGE_FLOATS + smem_x_floats + MAX_BATCH * max_hidden + 64 + attention_work))
-            as u32;
+        let work = [
+            attention_work_floats(t),
+            attention_work_floats(c),
+            sampling_work_floats(geometry.vocab),
+            sampling_work_floats(geometry.cp_vocab),
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(0);
+        // x inputs, the block's raw x rows, reduction words, attention / sampling scratch
+        let frame_smem = (4 * (smem_x_floats + MAX_BATCH * max_hidden + 64 + work)) as u32;
         frame_fn.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             frame_smem as i32,

@@ -18,9 +18,6 @@ pub const MODE_HEAD: i32 = 1;
 pub const BLOCK_WARPS: usize = BLOCK_THREADS as usize / 32;
 /// q heads one attention pass serves (`HEADS_PER_PASS` in the kernel).
 pub const HEADS_PER_PASS: usize = 2;
-/// Shared-memory floats of the frame kernel's weight stage (`STAGE_FLOATS`: 16 chunks of 16
-/// bytes per thread).
-pub const STAGE_FLOATS: usize = 16 * BLOCK_THREADS as usize * 4;
 /// Words after the sampling values in the sampling scratch (`HIST_WORDS` in the kernel).
 pub const HIST_WORDS: usize = 264;
 /// Largest head_dim the attention's registers hold (`MAX_HEAD_DIM` in the kernel).

@@ -7,7 +7,7 @@
 #                                     (run_peers.sh: official qwen-tts, faster-qwen3-tts) and
 #                                     `voxkernel bench --e2e`, then the ratios (carry everything
 #                                     in .gpu-e2e but bin/: the two parts together are over the
-#                                     64 MiB a call can carry)
+#                                     64 MiB a call can carry); PEERS=0 leaves the peers out
 set -u
 G=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}
@@ -48,15 +48,19 @@ if [ "$PART" != tests ]; then
   make_ckpt
   echo "== voxkernel bench --model (frame kernel, 300 frames)"
   timeout 200 $B/voxkernel bench --model "$CKPT" --frames 300 2>&1 | tee "$OUT/bench_frame.log" | grep '^{'
-  echo "== peers (official, faster-qwen3-tts), $FRAMES frames"
   rm -f "$OUT/peers.jsonl"
-  SKIP_OFFICIAL=${SKIP_OFFICIAL:-0} WHEELS="$G/wheels" bash "$G/refcheck/run_peers.sh" 2>&1 | tail -12
+  if [ "${PEERS:-1}" = 1 ]; then
+    echo "== peers (official, faster-qwen3-tts), $FRAMES frames"
+    SKIP_OFFICIAL=${SKIP_OFFICIAL:-0} WHEELS="$G/wheels" bash "$G/refcheck/run_peers.sh" 2>&1 | tail -12
+  fi
   echo "== voxkernel bench --e2e"
   timeout 300 $B/voxkernel bench --e2e --model "$CKPT" --backend cuda \
     --concurrency "${CONCURRENCY:-1,4,16}" --frames "$FRAMES" --speaker ryan 2>&1 \
     | tee "$OUT/voxkernel.log" | grep -v '^{' | tail -5
   grep '^{' "$OUT/voxkernel.log" > "$OUT/voxkernel.jsonl"
   cat "$OUT/voxkernel.jsonl"
-  echo "== summary"
-  python3 "$G/compare_peers.py" "$OUT/voxkernel.jsonl" "$OUT/peers.jsonl"
+  if [ -s "$OUT/peers.jsonl" ]; then
+    echo "== summary"
+    python3 "$G/compare_peers.py" "$OUT/voxkernel.jsonl" "$OUT/peers.jsonl"
+  fi
 fi

@@ -218,13 +218,6 @@ __device__ __forceinline__ void publish(u64* p, float v, u32 tag) {
 
 __device__ __forceinline__ float word_value(u64 w) { return __uint_as_float((u32)w); }
 
-// One word, once it carries `tag`.
-__device__ __forceinline__ float await_word(const u64* p, u32 tag) {
-  u64 w = ld_word(p);
-  while ((u32)(w >> 32) != tag) w = ld_word(p);
-  return word_value(w);
-}
-
 // Words a thread loads before it waits on the first.
 #define COLLECT_DEPTH 8
 
@@ -484,6 +477,27 @@ __device__ __forceinline__ float ld_l2(const float* p) {
   return v;
 }
 
+// A warp's head vector (hd <= MAX_HEAD_DIM words; lane's elements lane + 32 j) once every word
+// carries `tag`, all its loads in flight before the first wait. Every element is set (0 past
+// hd): a conditionally set one would count as live from the kernel's entry.
+__device__ __forceinline__ void await_head(const u64* src, int hd, u32 tag,
+                                           float (&out)[HEAD_REGS]) {
+  const int lane = tid() & 31;
+  u64 w[HEAD_REGS];
+#pragma unroll
+  for (int j = 0; j < HEAD_REGS; j++)
+    w[j] = lane + 32 * j < hd ? ld_word(src + lane + 32 * j) : 0ull;
+#pragma unroll
+  for (int j = 0; j < HEAD_REGS; j++) {
+    const int i = lane + 32 * j;
+    out[j] = 0.f;
+    if (i < hd) {
+      while ((u32)(w[j] >> 32) != tag) w[j] = ld_word(src + i);
+      out[j] = word_value(w[j]);
+    }
+  }
+}
+
 // Attention runs in blocks of one (sequence, kv head, chunk of attention_chunk positions); with
 // attention_chunk 0 a sequence's positions are one chunk. `chunks` is the same for every
 // sequence of a phase: enough for the longest (the others' last chunks are empty). The code
@@ -529,32 +543,15 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
       }
       const u64* src = warp == 0 ? qkv + q_width + g * hd : qkv + (g * gs + warp - 1) * hd;
       const bf16_t* nw = warp == 0 ? lw.k_norm : lw.q_norm;
-      // the head's words all in flight before any wait
       float xv[HEAD_REGS];
-      u64 wx[HEAD_REGS];
-#pragma unroll
-      for (int j = 0; j < HEAD_REGS; j++)
-        wx[j] = lane + 32 * j < hd ? ld_word(src + lane + 32 * j) : 0ull;
-#pragma unroll
-      for (int j = 0; j < HEAD_REGS; j++) {
-        const int i = lane + 32 * j;
-        xv[j] = 0.f;
-        if (i < hd) {
-          while ((u32)(wx[j] >> 32) != t_qkv) wx[j] = ld_word(src + i);
-          xv[j] = word_value(wx[j]);
-        }
-      }
+      await_head(src, hd, t_qkv, xv);
       if (warp == 0 && c == own_chunk) {
         // the V append, straight from the words
-        const u64* vsrc = qkv + q_width + kv_width + g * hd;
+        float vv[HEAD_REGS];
+        await_head(qkv + q_width + kv_width + g * hd, hd, t_qkv, vv);
 #pragma unroll
         for (int j = 0; j < HEAD_REGS; j++)
-          wx[j] = lane + 32 * j < hd ? ld_word(vsrc + lane + 32 * j) : 0ull;
-#pragma unroll
-        for (int j = 0; j < HEAD_REGS; j++) {
-          const int i = lane + 32 * j;
-          if (i < hd) vc[(size_t)pos * hd + i] = await_word(vsrc + i, t_qkv);
-        }
+          if (lane + 32 * j < hd) vc[(size_t)pos * hd + lane + 32 * j] = vv[j];
       }
       float ss = 0.f;
 #pragma unroll
@@ -707,6 +704,23 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
   }
 }
 
+// A product added to the residual stream (o projection, down): the blocks owning residual rows
+// collect the input words (K per sequence, row stride `stride`, tag `tag_in`) and publish
+// x + W . input as the x words of buffer 0 at exchange `ex_out`.
+__device__ void residual_product(const Params& p, int H, const bf16_t* W, int K, const u64* in,
+                                 int stride, u32 tag_in, int nb, const FirstChunks& first,
+                                 int ex_out) {
+  float* xs = sm_xs();
+  const float* xr = sm_xr(p);
+  if (has_rows(H)) {
+    for (int b = 0; b < nb; b++) collect(in + (size_t)b * stride, K, tag_in, xs + b * K);
+    __syncthreads();
+  }
+  matvec(W, H, K, xs, nb, first, [&](int b, int r, float v) {
+    publish(x_buffer(p, 0) + (size_t)b * p.max_hidden + r, xr[b * H + r] + v, tag_of(p, ex_out));
+  });
+}
+
 // One decoder layer for nb single-token rows from the input x `in`; its exchanges are numbered
 // from `ex` (LX_*), its output is the x words of buffer 0 at ex + LX_DOWN. `step` is the
 // predictor pass, or -1 for the talker. Each matvec's first weights are loaded before its
@@ -736,17 +750,9 @@ __device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int
             tag_of(p, ex + LX_ATTN));
   end_phase(p, stack | PH_ATTENTION);
 
-  // o projection, residual
   FirstChunks first = first_chunks(lw.o, H, qw);
-  if (owner) {
-    for (int b = 0; b < nb; b++)
-      collect(p.attn + (size_t)b * p.max_q, qw, tag_of(p, ex + LX_ATTN), xs + b * qw);
-    __syncthreads();
-  }
-  matvec(lw.o, H, qw, xs, nb, first, [&](int b, int r, float v) {
-    publish(x_buffer(p, 0) + (size_t)b * p.max_hidden + r, xr[b * H + r] + v,
-            tag_of(p, ex + LX_O));
-  });
+  residual_product(p, H, lw.o, qw, p.attn, p.max_q, tag_of(p, ex + LX_ATTN), nb, first,
+                   ex + LX_O);
   end_phase(p, stack | PH_O);
 
   // post-attention norm, gate and up rows in pairs: SiLU(gate) * up
@@ -759,17 +765,9 @@ __device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int
   });
   end_phase(p, stack | PH_GATE_UP);
 
-  // down, residual
   first = first_chunks(lw.down, H, inter);
-  if (owner) {
-    for (int b = 0; b < nb; b++)
-      collect(p.act + (size_t)b * p.max_inter, inter, tag_of(p, ex + LX_ACT), xs + b * inter);
-    __syncthreads();
-  }
-  matvec(lw.down, H, inter, xs, nb, first, [&](int b, int r, float v) {
-    publish(x_buffer(p, 0) + (size_t)b * p.max_hidden + r, xr[b * H + r] + v,
-            tag_of(p, ex + LX_DOWN));
-  });
+  residual_product(p, H, lw.down, inter, p.act, p.max_inter, tag_of(p, ex + LX_ACT), nb, first,
+                   ex + LX_DOWN);
   end_phase(p, stack | PH_DOWN);
   if (layer + 1 < s.n_layers) first = first_chunks(s.layers[layer + 1].qkv, rows, H);
   return first;

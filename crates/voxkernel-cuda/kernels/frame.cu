@@ -198,11 +198,10 @@ __device__ __noinline__ void record_mark(u64* marks, int max_marks, int phase) {
 //
 // Reuse: a word is overwritten only by a block that has (transitively) read words produced by
 // every block that read the old value, after that read. The phases guarantee it: a block reads
-// a phase's inputs only when it produces something in that phase, or (a block owning residual
-// rows) in the phase after, and its own outputs are read by the next phase's producers (all of
-// them, except attention, which reads its group's and is read by every o-projection block). The
-// host checks the shapes this relies on: every block owning residual rows also has q|k|v and
-// gate|up rows.
+// a phase's inputs only when it produces something in that phase, and its outputs are read by
+// the next phase's producers (all of them, except attention, which reads its group's and is read
+// by every o-projection block). The host checks the shapes this relies on: every block owning
+// residual rows (o and down) also has q|k|v and gate|up rows, so it has read the x it adds to.
 #define EXCHANGE_BITS 11
 
 __device__ __forceinline__ u64 ld_word(const u64* p) {
@@ -241,7 +240,7 @@ __device__ void collect(const u64* src, int n, u32 tag, float* out) {
 }
 
 // Exchanges are numbered by where they happen, so that every block derives the same tag from
-// its loop counters (no state to carry). Predictor pass `step` owns PASS_EXCHANGES(L) numbers
+// its loop counters (no state to carry). Predictor pass `step` owns 3 + 5 L numbers (L layers)
 // from pass_exchange(p, step): +0 the projection's x, +1 + 5 l + k layer l's (k: LX_*),
 // +1 + 5 L the head's logits, +2 + 5 L the next input x (sampling, or codebook 0's embedding
 // after the first pass). The talker's follow: +5 l + k for layer l, +5 L its head's logits.
@@ -336,20 +335,24 @@ __device__ void collect_x(const Params& p, int in, int nb, int n, float* out) {
     float* o = out + b * n;
     if (in >= 0) {
       collect(x_buffer(p, in >> 16) + (size_t)b * p.max_hidden, n, tag_of(p, in & 0xffff), o);
-    } else if (in == X_PAST) {
-      const float* src = p.past_hidden + (size_t)p.slot[b] * H;
-      for (int i = tid(); i < n; i += THREADS) o[i] = src[i];
     } else {
-      const float* src = p.x + (size_t)b * p.max_hidden;
+      const float* src = in == X_PAST ? p.past_hidden + (size_t)p.slot[b] * H
+                                      : p.x + (size_t)b * p.max_hidden;
       for (int i = tid(); i < n; i += THREADS) o[i] = src[i];
     }
   }
   __syncthreads();
 }
 
-// Whether this block computes any of `rows` rows (matvec_tasks' order: row t in block
-// t % gridDim.x).
-__device__ __forceinline__ bool has_rows(int rows) { return bid() < rows; }
+// Task t of a matvec goes to block t % gridDim.x (every block streams an equal share of the
+// weights): this warp's k-th task of `tasks`, or -1.
+__device__ __forceinline__ int warp_task(int k, int tasks) {
+  const int t = bid() + gridDim.x * ((tid() >> 5) + WARPS * k);
+  return t < tasks ? t : -1;
+}
+
+// Whether this block computes any of `tasks` tasks.
+__device__ __forceinline__ bool has_rows(int tasks) { return bid() < tasks; }
 
 // 16-byte weight chunks a lane loads before it uses the first.
 #define MATVEC_DEPTH 4
@@ -363,12 +366,12 @@ struct FirstChunks {
 
 __device__ FirstChunks first_chunks(const bf16_t* W, int rows, int K) {
   FirstChunks f;
-  const int r = bid() + gridDim.x * (tid() >> 5), lane = tid() & 31, k8 = K >> 3;
-  const uint4* wr = reinterpret_cast<const uint4*>(W + (size_t)(r < rows ? r : 0) * K);
+  const int r = warp_task(0, rows), lane = tid() & 31, k8 = K >> 3;
+  const uint4* wr = reinterpret_cast<const uint4*>(W + (size_t)(r < 0 ? 0 : r) * K);
 #pragma unroll
   for (int j = 0; j < MATVEC_DEPTH; j++) {
     f.w[j] = make_uint4(0u, 0u, 0u, 0u);
-    if (r < rows && lane + 32 * j < k8)
+    if (r >= 0 && lane + 32 * j < k8)
       asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                    : "=r"(f.w[j].x), "=r"(f.w[j].y), "=r"(f.w[j].z), "=r"(f.w[j].w)
                    : "l"(wr + lane + 32 * j));
@@ -377,9 +380,8 @@ __device__ FirstChunks first_chunks(const bf16_t* W, int rows, int K) {
 }
 
 // Every warp of the grid takes whole tasks: task t is output row t, y[b][t] = W[t] . xs[b], and
-// with `pair` > 0 also row t + pair (gate and up rows of one SiLU * up output). Task t goes to
-// block t % gridDim.x, so that every block streams an equal share of the weights. K must be a
-// multiple of 8 (16-byte weight loads). A warp walks the batches of MATVEC_DEPTH chunks per lane
+// with `pair` > 0 also row t + pair (gate and up rows of one SiLU * up output); tasks are dealt
+// by warp_task. K must be a multiple of 8 (16-byte weight loads). A warp walks the batches of MATVEC_DEPTH chunks per lane
 // of all its rows as one stream and loads the next batch (of the same row or of its next row)
 // before it uses the current one, so that a warp's rows do not each wait a memory round trip;
 // the first batch is `first` (first_chunks of the same W, tasks, K). Each row's sum runs over
@@ -393,8 +395,8 @@ __device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const 
   const int per_task = pair > 0 ? 2 : 1;
   // the warp's q-th row, or -1
   auto row_of = [&](int q) {
-    const int t = bid() + gridDim.x * ((tid() >> 5) + WARPS * (q / per_task));
-    return t < tasks ? t + (q % per_task) * pair : -1;
+    const int t = warp_task(q / per_task, tasks);
+    return t < 0 ? -1 : t + (q % per_task) * pair;
   };
   auto load = [&](uint4* w, int r, int b0) {
     const uint4* wr = reinterpret_cast<const uint4*>(W + (size_t)(r < 0 ? 0 : r) * K);
@@ -736,11 +738,14 @@ __device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int
   const int chunks = step < 0 ? p.talker_chunks : 1;
   const LayerW& lw = s.layers[layer];
   const int H = s.hidden, qw = s.n_heads * s.head_dim, inter = s.inter, rows = s.qkv_rows();
-  const bool owner = has_rows(H);
+  // (the blocks owning residual rows are among those with q|k|v and gate|up rows: the host
+  // checks rows >= H and inter >= H, so they have xr for their residual products)
 
   // input norm, q|k|v
-  if (has_rows(rows) || owner) collect_x(p, in, nb, H, xr);
-  if (has_rows(rows)) rmsnorm_rows(xr, H, lw.in_norm, s.eps, nb, xs, sm_red(p));
+  if (has_rows(rows)) {
+    collect_x(p, in, nb, H, xr);
+    rmsnorm_rows(xr, H, lw.in_norm, s.eps, nb, xs, sm_red(p));
+  }
   matvec(lw.qkv, rows, H, xs, nb, first_qkv, [&](int b, int r, float v) {
     publish(p.qkv + (size_t)b * p.max_qkv + r, v, tag_of(p, ex + LX_QKV));
   });
@@ -757,8 +762,10 @@ __device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int
 
   // post-attention norm, gate and up rows in pairs: SiLU(gate) * up
   first = first_chunks(lw.gate_up, inter, H);
-  if (has_rows(inter) || owner) collect_x(p, x_words(0, ex + LX_O), nb, H, xr);
-  if (has_rows(inter)) rmsnorm_rows(xr, H, lw.post_norm, s.eps, nb, xs, sm_red(p));
+  if (has_rows(inter)) {
+    collect_x(p, x_words(0, ex + LX_O), nb, H, xr);
+    rmsnorm_rows(xr, H, lw.post_norm, s.eps, nb, xs, sm_red(p));
+  }
   matvec_tasks(lw.gate_up, inter, inter, H, xs, nb, first, [&](int b, int t, float gt, float up) {
     publish(p.act + (size_t)b * p.max_inter + t, gt / (1.f + expf(-gt)) * up,
             tag_of(p, ex + LX_ACT));

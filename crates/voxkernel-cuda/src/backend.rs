@@ -272,7 +272,6 @@ impl CudaBackend {
         let max_qkv = t.qkv_width().max(c.qkv_width());
         let max_q = t.q_width().max(c.q_width());
         let max_inter = t.inter.max(c.inter);
-        // start + per predictor pass (input, 5 per layer, head, sampling) + the talker's
         for (name, st) in [("talker", t), ("code predictor", c)] {
             // The kernel's blocks that own residual rows must also compute q|k|v and gate|up
             // rows: its words are never overwritten before all their readers have read them.
@@ -285,6 +284,7 @@ impl CudaBackend {
                 st.hidden
             );
         }
+        // start + per predictor pass (input, 5 per layer, head, sampling) + the talker's
         let max_marks = 1 + g * (3 + 5 * c.layers) + 5 * t.layers + 3;
         // exchanges per launch: per predictor pass the projection, 5 per layer, the head and the
         // sampling; the talker's 5 per layer and its head

@@ -3,7 +3,8 @@
 # kind differ by up to ~7%). Lay out the carried folder here, then run there:
 #   scripts/gpu/ab_frame.sh pack A.cu B.cu ...   -> /work/main/.gpu-ab (voxkernel, the sources)
 #   bash .gpu-ab/ab_frame.sh run                 (carry .gpu and .gpu-ab; .gpu from pack.sh has
-#                                                 make_ckpt.py and its wheels)
+#                                                 make_ckpt.py and its wheels; without
+#                                                 .gpu-ab/voxkernel.xz, .gpu/bin's is used)
 # Each source is compiled there with the machine's NVRTC and loaded through VOXKERNEL_CUBIN by
 # one `voxkernel` binary, whose host side must match every variant's Params and shared memory.
 set -u
@@ -21,8 +22,11 @@ fi
 G=$(cd "$(dirname "$0")" && pwd)
 NVRTC=$(find / -name 'libnvrtc.so.13' -not -path '/proc/*' 2>/dev/null | head -1)
 export LD_LIBRARY_PATH="$(dirname "$NVRTC"):${LD_LIBRARY_PATH:-}" XDG_CACHE_HOME=/tmp/vkcache
+# the packed binary, or pack.sh's when it was left out to keep the carried tree small
+BIN="$G/voxkernel.xz"
+[ -f "$BIN" ] || BIN=.gpu/bin/voxkernel.xz
 python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' \
-  "$G/voxkernel.xz" /tmp/voxkernel-ab && chmod +x /tmp/voxkernel-ab
+  "$BIN" /tmp/voxkernel-ab && chmod +x /tmp/voxkernel-ab
 CKPT=/tmp/ckpt06
 if [ ! -d $CKPT ]; then
   mkdir -p .gpu/reference/tokenizer

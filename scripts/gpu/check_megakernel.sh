@@ -3,11 +3,12 @@
 # reads tests/fixtures/parity there) with the carried folder laid out by scripts/gpu/pack.sh:
 #   bash .gpu/scripts/check_megakernel.sh
 #   .gpu/bin/{parity,engine_gpu,voxkernel,megakernel_check}.xz   release builds (x86-64)
-#   .gpu/scripts/{official_dump.py,make_ckpt.py}   .gpu/whl/*.whl (qwen-tts 0.1.1 + deps)
+#   .gpu/scripts/{official_dump.py,official_forced.py,make_ckpt.py}   .gpu/whl/*.whl (qwen-tts 0.1.1 + deps)
 # Steps: the GPU parity and sampler tests on the tiny checkpoints; the GPU engine tests; a random
 # full-size 0.6B CustomVoice checkpoint (--no-eos); `voxkernel bench` on it once per attention
 # chunk length in CHUNKS, each with a phase profile; with OFFICIAL=1 also the official bf16 run
-# dumped and the teacher-forced comparison against it.
+# dumped, the teacher-forced comparison against it, and the official model compared with itself
+# the same way under other arithmetic (the noise floor under that comparison).
 set -u
 G=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/out}
@@ -47,6 +48,9 @@ if [ "${OFFICIAL:-0}" = 1 ]; then
   PYTHONPATH=/tmp/site timeout 400 python3 "$G/scripts/official_dump.py" --ckpt "$CKPT" --frames "$FRAMES" --out /tmp/official.safetensors 2>&1 | grep -E "official:|Error|error" | tail -5
   echo "== voxkernel vs official (teacher-forced)"
   timeout 300 $B/megakernel_check --model "$CKPT" --official /tmp/official.safetensors 2>&1 | tee "$OUT/check.log" | tail -12
+  echo "== the official model against itself, teacher-forced the same way (bf16 sdpa / bf16 eager / f32)"
+  PYTHONPATH=/tmp/site timeout 300 python3 "$G/scripts/official_forced.py" --ckpt "$CKPT" \
+    --dump /tmp/official.safetensors --frames "$FRAMES" 2>&1 | grep -E " vs |forced|Error" | tee "$OUT/official_forced.log"
 fi
 
 echo "== frame-kernel benchmark (300 frames after 20 warm-up, sampling on), attention chunks: $CHUNKS"
@@ -59,6 +63,7 @@ done
 echo "== summary"
 grep -E "test result|FAILED|panicked" "$OUT/parity.log" "$OUT/engine.log" | head -12
 grep '^{' "$OUT/check.log" 2>/dev/null
+grep ' vs ' "$OUT/official_forced.log" 2>/dev/null
 grep '"bench":"frame"' "$OUT/bench.jsonl"
 python3 - "$OUT/bench.jsonl" <<'EOF'
 import json, sys

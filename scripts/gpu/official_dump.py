@@ -2,7 +2,7 @@
 what the voxkernel comparison needs: the talker prefill rows, the trailing text rows (tts_pad
 last), the raw codebook-0 logits of every talker step, and the greedy codes.
 
-Usage: python3 official_dump.py --ckpt DIR --frames N --out FILE.safetensors
+Usage: python3 official_dump.py --ckpt DIR --frames N --out FILE.safetensors [--device cpu]
 """
 import argparse
 
@@ -15,12 +15,13 @@ def main():
     ap.add_argument("--ckpt", required=True)
     ap.add_argument("--frames", type=int, default=120)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="cuda", help="cuda (the acceptance run) or cpu")
     args = ap.parse_args()
 
     from qwen_tts import Qwen3TTSModel
 
     tts = Qwen3TTSModel.from_pretrained(args.ckpt, dtype=torch.bfloat16, attn_implementation="sdpa",
-                                        device_map="cuda")
+                                        device_map=args.device)
     tts.model.eval()
     talker = tts.model.talker
     seen = {}

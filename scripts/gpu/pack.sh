@@ -25,6 +25,7 @@ xz -T0 -6 "$DEST"/bin/*
 # carried tree stays under 64 MiB.
 mkdir -p "$DEST/reference/checkpoints"
 cp /work/shared/reference/checkpoints/qwen3-tts-12hz-0.6b-base.config.json "$DEST/reference/checkpoints/"
-cp "$WT/scripts/gpu/official_dump.py" "$WT/scripts/gpu/check_megakernel.sh" /work/shared/refcheck/make_ckpt.py "$DEST/scripts/"
+cp "$WT/scripts/gpu/official_dump.py" "$WT/scripts/parity/official_forced.py" "$WT/scripts/gpu/check_megakernel.sh" \
+  /work/shared/refcheck/make_ckpt.py "$DEST/scripts/"
 cp /work/shared/wheels/official/*.whl /work/shared/wheels/common/*.whl "$DEST/whl/"
 du -sh "$DEST"

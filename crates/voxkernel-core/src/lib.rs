@@ -7,6 +7,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod engine;
 pub mod hub;
+pub mod official_run;
 pub mod prompt;
 pub mod reference;
 pub mod sampling;

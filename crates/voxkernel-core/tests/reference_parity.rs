@@ -9,10 +9,11 @@ use voxkernel_core::backend::{
 };
 use voxkernel_core::checkpoint::{Checkpoint, SafetensorsFile};
 use voxkernel_core::config::ModelConfig;
+use voxkernel_core::official_run::{OfficialRun, compare};
 use voxkernel_core::prompt::{
     CodecSource, PromptPlan, PromptRequest, TextIds, TextMode, Voice, build_plan,
 };
-use voxkernel_core::reference::{ReferenceBackend, ReferenceModel};
+use voxkernel_core::reference::{ReferenceBackend, ReferenceForcing, ReferenceModel};
 use voxkernel_core::sampling::{SamplerParams, SamplingConfig};
 
 const MAX_REL_ERR: f32 = 1e-4;
@@ -36,6 +37,7 @@ struct Case {
     name: String,
     checkpoint_dir: PathBuf,
     meta: CaseMeta,
+    tensors_path: PathBuf,
     tensors: SafetensorsFile,
 }
 
@@ -103,6 +105,7 @@ fn all_cases() -> Vec<Case> {
                 checkpoint_dir: dir.clone(),
                 meta,
                 tensors: SafetensorsFile::open(&json.with_extension("safetensors")).unwrap(),
+                tensors_path: json.with_extension("safetensors"),
             });
         }
     }
@@ -251,6 +254,29 @@ fn teacher_forced_codebook0_logits_match_official() {
                 case.name
             );
         }
+    }
+}
+
+/// The comparison `megakernel_check` and `reference_check` make against full-size official
+/// dumps, on the fixture cases (the same tensor layout): driven with the official rows and
+/// codes, the reference's own greedy choices are all the official ones.
+#[test]
+fn teacher_forced_comparison_agrees_fully_with_official_fixtures() {
+    for case in all_cases() {
+        let checkpoint = open(&case);
+        let model = ReferenceModel::new(&checkpoint).unwrap();
+        let run = OfficialRun::open(&case.tensors_path).unwrap();
+        let sampling = OfficialRun::sampling(checkpoint.generation.repetition_penalty);
+        let eos = checkpoint.config.talker.codec_eos_token_id;
+        let c = compare(&run, &mut ReferenceForcing::new(&model), sampling, eos).unwrap();
+        assert_eq!(
+            (c.frames, c.logit_steps),
+            (case.meta.num_frames, case.meta.logit_steps),
+            "{}",
+            case.name
+        );
+        assert_eq!(c.agreement, 1.0, "{}: {c:?}", case.name);
+        assert!(c.logits_rel_err_max <= MAX_REL_ERR, "{}: {c:?}", case.name);
     }
 }
 

@@ -345,10 +345,25 @@ __device__ void collect_x(const Params& p, int in, int nb, int n, float* out) {
 }
 
 // Task t of a matvec goes to block t % gridDim.x (every block streams an equal share of the
-// weights): this warp's k-th task of `tasks`, or -1.
-__device__ __forceinline__ int warp_task(int k, int tasks) {
-  const int t = bid() + gridDim.x * ((tid() >> 5) + WARPS * k);
+// weights): this warp's k-th task of `tasks`, or -1. With `split` 2, warps 2i and 2i + 1 share
+// each of their tasks, each taking half of its K (a block has 8 tasks of the 1,024-row o and
+// down products: without the split, half of its warps would idle and the others would walk
+// twice the weights after their inputs arrive).
+__device__ __forceinline__ int warp_task(int k, int tasks, int split) {
+  const int t = bid() + gridDim.x * ((tid() >> 5) / split + WARPS / split * k);
   return t < tasks ? t : -1;
+}
+
+// The chunks [lo, hi) of a row of k8 chunks this warp takes under `split`.
+__device__ __forceinline__ int2 warp_chunks(int k8, int split) {
+  const int per = (k8 + split - 1) / split, part = (tid() >> 5) % split;
+  const int lo = min(k8, part * per);
+  return make_int2(lo, min(k8, lo + per));
+}
+
+// The two warps of a split pair meet here (named barriers 1..8; 0 is __syncthreads').
+__device__ __forceinline__ void pair_barrier() {
+  asm volatile("bar.sync %0, 64;" ::"r"(1 + (tid() >> 6)) : "memory");
 }
 
 // Whether this block computes any of `tasks` tasks.
@@ -364,17 +379,18 @@ struct FirstChunks {
   uint4 w[MATVEC_DEPTH];
 };
 
-__device__ FirstChunks first_chunks(const bf16_t* W, int rows, int K) {
+__device__ FirstChunks first_chunks(const bf16_t* W, int rows, int K, int split = 1) {
   FirstChunks f;
-  const int r = warp_task(0, rows), lane = tid() & 31, k8 = K >> 3;
+  const int r = warp_task(0, rows, split), lane = tid() & 31;
+  const int2 c = warp_chunks(K >> 3, split);
   const uint4* wr = reinterpret_cast<const uint4*>(W + (size_t)(r < 0 ? 0 : r) * K);
 #pragma unroll
   for (int j = 0; j < MATVEC_DEPTH; j++) {
     f.w[j] = make_uint4(0u, 0u, 0u, 0u);
-    if (r >= 0 && lane + 32 * j < k8)
+    if (r >= 0 && c.x + lane + 32 * j < c.y)
       asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                    : "=r"(f.w[j].x), "=r"(f.w[j].y), "=r"(f.w[j].z), "=r"(f.w[j].w)
-                   : "l"(wr + lane + 32 * j));
+                   : "l"(wr + c.x + lane + 32 * j));
   }
   return f;
 }
@@ -386,16 +402,19 @@ __device__ FirstChunks first_chunks(const bf16_t* W, int rows, int K) {
 // before it uses the current one, so that a warp's rows do not each wait a memory round trip;
 // the first batch is `first` (first_chunks of the same W, tasks, K). Each row's sum runs over
 // its chunks in order. `emit(b, t, y_t, y_t+pair)` (the second 0 without a pair) is called by
-// lane 0.
-template <typename Emit>
+// lane 0. With SPLIT 2 (no pair), warp_task's pairs of warps share each row: the odd warp
+// hands its sum to the even one through `pair_sums` (2 * WARPS * MAX_B shared words), which adds
+// it to its own and emits.
+template <int SPLIT = 1, typename Emit>
 __device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const float* xs, int nb,
-                             const FirstChunks& first, Emit emit) {
+                             const FirstChunks& first, Emit emit, float* pair_sums = nullptr) {
   const int lane = tid() & 31;
-  const int k8 = K >> 3;
+  const int2 c = warp_chunks(K >> 3, SPLIT);
+  const int k8 = c.y;  // the warp's chunks of a row end here
   const int per_task = pair > 0 ? 2 : 1;
   // the warp's q-th row, or -1
   auto row_of = [&](int q) {
-    const int t = warp_task(q / per_task, tasks);
+    const int t = warp_task(q / per_task, tasks, SPLIT);
     return t < 0 ? -1 : t + (q % per_task) * pair;
   };
   auto load = [&](uint4* w, int r, int b0) {
@@ -412,13 +431,13 @@ __device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const 
   uint4 cur[MATVEC_DEPTH];
 #pragma unroll
   for (int j = 0; j < MATVEC_DEPTH; j++) cur[j] = first.w[j];
-  int q = 0, r = row_of(0), b0 = 0;  // b0: the batch's first chunk, the same for the warp
+  int q = 0, r = row_of(0), b0 = c.x;  // b0: the batch's first chunk, the same for the warp
   while (r >= 0) {
     int nq = q, nr = r, nb0 = b0 + 32 * MATVEC_DEPTH;
     if (nb0 >= k8) {
       nq = q + 1;
       nr = row_of(nq);
-      nb0 = 0;
+      nb0 = c.x;
     }
     uint4 nxt[MATVEC_DEPTH];
     load(nxt, nr, nb0);
@@ -439,15 +458,28 @@ __device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const 
         }
       }
     }
-    if (nb0 == 0) {  // the row is complete
+    if (nq != q) {  // the row is complete
 #pragma unroll
       for (int b = 0; b < MAX_B; b++)
         if (b < nb) acc[b] = warp_sum(acc[b]);
+      if (SPLIT > 1) {
+        // two slots per pair, alternating by row: a slot is rewritten only after the pair has
+        // met again, so after the even warp has read it
+        float* slot = pair_sums + ((q & 1) * WARPS + (tid() >> 5) / 2) * MAX_B;
+        if ((tid() >> 5) & 1) {
+#pragma unroll
+          for (int b = 0; b < MAX_B; b++)
+            if (lane == 0) slot[b] = acc[b];
+        }
+        pair_barrier();
+#pragma unroll
+        for (int b = 0; b < MAX_B; b++) acc[b] += slot[b];
+      }
       const int t = r - (q % per_task) * pair;
       if (pair > 0 && q % 2 == 0) {
 #pragma unroll
         for (int b = 0; b < MAX_B; b++) y[b] = acc[b];
-      } else {
+      } else if (SPLIT == 1 || ((tid() >> 5) & 1) == 0) {
 #pragma unroll
         for (int b = 0; b < MAX_B; b++)
           if (b < nb && lane == 0) emit(b, t, pair > 0 ? y[b] : acc[b], pair > 0 ? acc[b] : 0.f);
@@ -718,9 +750,13 @@ __device__ void residual_product(const Params& p, int H, const bf16_t* W, int K,
     for (int b = 0; b < nb; b++) collect(in + (size_t)b * stride, K, tag_in, xs + b * K);
     __syncthreads();
   }
-  matvec(W, H, K, xs, nb, first, [&](int b, int r, float v) {
-    publish(x_buffer(p, 0) + (size_t)b * p.max_hidden + r, xr[b * H + r] + v, tag_of(p, ex_out));
-  });
+  matvec_tasks<2>(
+      W, H, 0, K, xs, nb, first,
+      [&](int b, int r, float v, float) {
+        publish(x_buffer(p, 0) + (size_t)b * p.max_hidden + r, xr[b * H + r] + v,
+                tag_of(p, ex_out));
+      },
+      sm_work(p));
 }
 
 // One decoder layer for nb single-token rows from the input x `in`; its exchanges are numbered
@@ -755,7 +791,7 @@ __device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int
             tag_of(p, ex + LX_ATTN));
   end_phase(p, stack | PH_ATTENTION);
 
-  FirstChunks first = first_chunks(lw.o, H, qw);
+  FirstChunks first = first_chunks(lw.o, H, qw, 2);
   residual_product(p, H, lw.o, qw, p.attn, p.max_q, tag_of(p, ex + LX_ATTN), nb, first,
                    ex + LX_O);
   end_phase(p, stack | PH_O);
@@ -772,7 +808,7 @@ __device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int
   });
   end_phase(p, stack | PH_GATE_UP);
 
-  first = first_chunks(lw.down, H, inter);
+  first = first_chunks(lw.down, H, inter, 2);
   residual_product(p, H, lw.down, inter, p.act, p.max_inter, tag_of(p, ex + LX_ACT), nb, first,
                    ex + LX_DOWN);
   end_phase(p, stack | PH_DOWN);

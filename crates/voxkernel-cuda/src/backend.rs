@@ -12,6 +12,7 @@ use voxkernel_core::backend::{
     FinishReason, Frame, FrameBackend, FrameEvent, NUM_CODE_GROUPS, SequenceSpec, SlotId,
 };
 use voxkernel_core::checkpoint::Checkpoint;
+use voxkernel_core::official_run::ForcedStep;
 use voxkernel_core::prompt::{CodecSource, PromptPlan};
 use voxkernel_core::sampling::{SamplerParams, SamplingConfig};
 
@@ -55,18 +56,6 @@ impl Default for CudaOptions {
 pub struct PhaseMark {
     pub phase: u64,
     pub clock: u64,
-}
-
-/// What one teacher-forced frame produced.
-#[derive(Debug, Clone)]
-pub struct ForcedStep {
-    /// Raw codebook-0 logits of the talker step (before any logit processor).
-    pub logits: Vec<f32>,
-    /// The kernel's own choices for groups 1..15 of the forced frame (index 0 repeats the
-    /// forced codebook 0).
-    pub own_frame: Frame,
-    /// The kernel's own choice for the next codebook 0.
-    pub own_next_c0: u32,
 }
 
 #[derive(Debug, Clone)]

@@ -15,7 +15,7 @@ mod prefill;
 pub mod runtime;
 pub mod weights;
 
-pub use backend::{CudaBackend, CudaOptions, ForcedStep, PhaseMark};
+pub use backend::{CudaBackend, CudaOptions, PhaseMark};
 pub use codec::{CudaCodec, CudaCodecOptions};
 pub use encoder::CudaVoiceEncoder;
 pub use layout::{MAX_BATCH, PHASE_NAMES, PHASE_TALKER};

@@ -11,6 +11,7 @@
 //! - [`code_predictor`]: codebooks 1..15 of a frame;
 //! - [`model`]: everything loaded together, plus the parity taps;
 //! - [`sequence`]: the frame loop of one sequence (spec §3.5);
+//! - [`forced`]: the same driven teacher-forced from given rows and codes (official dumps);
 //! - [`backend`]: [`ReferenceBackend`] and [`ReferenceCodec`], the backend traits on the CPU.
 
 mod backend;
@@ -19,6 +20,7 @@ pub mod codec_decoder;
 pub mod codec_encoder;
 mod conv1d;
 mod embeddings;
+mod forced;
 mod fused;
 pub mod mel;
 mod model;
@@ -29,4 +31,5 @@ mod transformer;
 mod weights;
 
 pub use backend::{ReferenceBackend, ReferenceCodec};
+pub use forced::ReferenceForcing;
 pub use model::ReferenceModel;

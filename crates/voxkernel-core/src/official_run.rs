@@ -1,0 +1,155 @@
+//! An official qwen-tts run dumped by `scripts/gpu/official_dump.py`, and the teacher-forced
+//! comparison of any backend against it: fed the official prompt rows and codes frame by
+//! frame, how close are its codebook-0 logits, and how often are its own greedy choices the
+//! official ones?
+
+use std::path::Path;
+
+use anyhow::{Result, bail, ensure};
+
+use crate::backend::{Frame, NUM_CODE_GROUPS};
+use crate::checkpoint::SafetensorsFile;
+use crate::sampling::{SamplerParams, SamplingConfig};
+
+/// The dump: talker prefill rows and trailing text rows (tts_pad last), both `[rows * hidden]`,
+/// the raw codebook-0 logits of the prefill and of the first decode steps (all of them in a
+/// dump; the parity fixtures, which share the layout, keep a few), and the greedy codes.
+pub struct OfficialRun {
+    pub prefill: Vec<f32>,
+    pub trailing: Vec<f32>,
+    pub logits: Vec<Vec<f32>>,
+    pub codes: Vec<Frame>,
+}
+
+impl OfficialRun {
+    pub fn open(path: &Path) -> Result<Self> {
+        let dump = SafetensorsFile::open(path)?;
+        let (logits, shape) = dump.f32("logits_c0")?;
+        ensure!(shape.len() == 2, "logits_c0 has shape {shape:?}, want [steps, vocab]");
+        let codes = dump.bytes("codes")?;
+        ensure!(
+            codes.len().is_multiple_of(8 * NUM_CODE_GROUPS),
+            "codes holds {} bytes, not whole frames of {NUM_CODE_GROUPS} int64 codes",
+            codes.len()
+        );
+        let codes: Vec<u32> = codes
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")) as u32)
+            .collect();
+        Ok(Self {
+            prefill: dump.f32("prefill_embeds")?.0,
+            trailing: dump.f32("trailing_embeds")?.0,
+            logits: logits.chunks(shape[1]).map(<[f32]>::to_vec).collect(),
+            codes: codes
+                .chunks(NUM_CODE_GROUPS)
+                .map(|c| Frame::try_from(c).expect("whole frames"))
+                .collect(),
+        })
+    }
+
+    /// Greedy sampling as the dump was made: the talker keeps its repetition penalty.
+    pub fn sampling(talker_repetition_penalty: f32) -> SamplingConfig {
+        let greedy = |penalty| SamplerParams {
+            do_sample: false,
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            repetition_penalty: penalty,
+        };
+        SamplingConfig {
+            talker: greedy(talker_repetition_penalty),
+            subtalker: greedy(1.0),
+            seed: 0,
+        }
+    }
+}
+
+/// What one teacher-forced frame produced.
+#[derive(Debug, Clone)]
+pub struct ForcedStep {
+    /// Raw codebook-0 logits of the talker step (before any logit processor).
+    pub logits: Vec<f32>,
+    /// The backend's own choices for groups 1..15 of the forced frame (index 0 repeats the
+    /// forced codebook 0).
+    pub own_frame: Frame,
+    /// The backend's own choice for the next codebook 0.
+    pub own_next_c0: u32,
+}
+
+/// A backend driven with given rows and codes instead of its own.
+pub trait TeacherForced {
+    /// Prefills `prefill` (whole talker rows) with `trailing` as the text track; returns the
+    /// raw codebook-0 logits of the prefill.
+    fn start(
+        &mut self,
+        prefill: &[f32],
+        trailing: &[f32],
+        sampling: SamplingConfig,
+        max_frames: usize,
+    ) -> Result<Vec<f32>>;
+    /// Runs the pending frame as `frame` (its codebook 0 is the pending one) and continues
+    /// with `next_c0`.
+    fn step(&mut self, frame: &Frame, next_c0: u32) -> Result<ForcedStep>;
+}
+
+/// The comparison's figures.
+#[derive(Debug, Clone, Copy)]
+pub struct Comparison {
+    pub frames: usize,
+    pub logit_steps: usize,
+    /// Per step with official logits, max |ours - official| / max |official|: the largest and
+    /// the mean over those steps.
+    pub logits_rel_err_max: f32,
+    pub logits_rel_err_mean: f32,
+    /// Share of the backend's own greedy choices (groups 1..15 of every frame and the next
+    /// codebook 0) equal to the official codes.
+    pub agreement: f64,
+}
+
+/// max |got - want| / max |want|.
+pub fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
+    got.iter()
+        .zip(want)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+        / scale
+}
+
+/// Drives `backend` through `run` teacher-forced; `eos` ends the last frame.
+pub fn compare(
+    run: &OfficialRun,
+    backend: &mut impl TeacherForced,
+    sampling: SamplingConfig,
+    eos: u32,
+) -> Result<Comparison> {
+    if run.logits.is_empty() || run.codes.is_empty() {
+        bail!("the dump has no logit rows or no frames");
+    }
+    let first = backend.start(&run.prefill, &run.trailing, sampling, run.codes.len())?;
+    let mut errs = vec![rel_err(&first, &run.logits[0])];
+    let (mut agree, mut total) = (0usize, 0usize);
+    for (k, frame) in run.codes.iter().enumerate() {
+        let next = run.codes.get(k + 1).map_or(eos, |f| f[0]);
+        let step = backend.step(frame, next)?;
+        if let Some(want) = run.logits.get(k + 1) {
+            errs.push(rel_err(&step.logits, want));
+        }
+        agree += step.own_frame[1..]
+            .iter()
+            .zip(&frame[1..])
+            .filter(|(a, b)| a == b)
+            .count();
+        total += NUM_CODE_GROUPS - 1;
+        if k + 1 < run.codes.len() {
+            agree += usize::from(step.own_next_c0 == next);
+            total += 1;
+        }
+    }
+    Ok(Comparison {
+        frames: run.codes.len(),
+        logit_steps: errs.len(),
+        logits_rel_err_max: errs.iter().copied().fold(0f32, f32::max),
+        logits_rel_err_mean: errs.iter().sum::<f32>() / errs.len() as f32,
+        agreement: agree as f64 / total as f64,
+    })
+}

@@ -25,7 +25,10 @@ impl OfficialRun {
     pub fn open(path: &Path) -> Result<Self> {
         let dump = SafetensorsFile::open(path)?;
         let (logits, shape) = dump.f32("logits_c0")?;
-        ensure!(shape.len() == 2, "logits_c0 has shape {shape:?}, want [steps, vocab]");
+        ensure!(
+            shape.len() == 2,
+            "logits_c0 has shape {shape:?}, want [steps, vocab]"
+        );
         let codes = dump.bytes("codes")?;
         ensure!(
             codes.len().is_multiple_of(8 * NUM_CODE_GROUPS),

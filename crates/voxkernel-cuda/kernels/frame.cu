@@ -1,4 +1,5 @@
-// voxkernel frame megakernel (version 1.2: phases chained by tagged words, no grid barriers).
+// voxkernel frame megakernel (version 1.3: phases chained by tagged words, no grid barriers; o and
+// down split over warp pairs).
 //
 // One cooperative launch advances up to MAX_B sequences by one audio frame:
 //   code predictor (16 single-token passes: past_hidden, CE(c0), then 14 group embeddings),
@@ -403,8 +404,8 @@ __device__ FirstChunks first_chunks(const bf16_t* W, int rows, int K, int split 
 // the first batch is `first` (first_chunks of the same W, tasks, K). Each row's sum runs over
 // its chunks in order. `emit(b, t, y_t, y_t+pair)` (the second 0 without a pair) is called by
 // lane 0. With SPLIT 2 (no pair), warp_task's pairs of warps share each row: the odd warp
-// hands its sum to the even one through `pair_sums` (2 * WARPS * MAX_B shared words), which adds
-// it to its own and emits.
+// hands its sum to the even one through `pair_sums` (2 * WARPS * MAX_B shared words; the host
+// sizes the work area for them), which adds it to its own and emits.
 template <int SPLIT = 1, typename Emit>
 __device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const float* xs, int nb,
                              const FirstChunks& first, Emit emit, float* pair_sums = nullptr) {

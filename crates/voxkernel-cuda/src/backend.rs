@@ -45,7 +45,7 @@ impl Default for CudaOptions {
             max_slots: 4,
             max_len: 2048,
             max_prefill_rows: 1024,
-            attention_chunk: 64,
+            attention_chunk: 32,
         }
     }
 }
@@ -361,6 +361,8 @@ impl CudaBackend {
             attention_work_floats(c),
             sampling_work_floats(geometry.vocab),
             sampling_work_floats(geometry.cp_vocab),
+            // the split-K products' partial sums: two slots per warp pair, by row parity
+            2 * BLOCK_WARPS * MAX_BATCH,
         ]
         .into_iter()
         .max()

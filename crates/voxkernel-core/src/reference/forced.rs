@@ -89,8 +89,13 @@ impl TeacherForced for ReferenceForcing<'_> {
         s.frames += 1;
         s.past_hidden = out.hidden;
         let mut scores = out.logits.clone();
-        let own_next_c0 =
-            sample_talker(&mut scores, &s.history, &model.rules, &s.sampling.talker, 0.5);
+        let own_next_c0 = sample_talker(
+            &mut scores,
+            &s.history,
+            &model.rules,
+            &s.sampling.talker,
+            0.5,
+        );
         Ok(ForcedStep {
             logits: out.logits,
             own_frame,

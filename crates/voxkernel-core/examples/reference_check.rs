@@ -3,26 +3,15 @@
 //! `reference_check --model DIR --official FILE.safetensors`.
 //! Prints one JSON line (see `voxkernel_core::official_run::Comparison`).
 
-use std::path::PathBuf;
-
-use anyhow::{Context, Result, bail};
+use anyhow::Result;
 use voxkernel_core::checkpoint::Checkpoint;
-use voxkernel_core::official_run::{OfficialRun, compare};
+use voxkernel_core::official_run::{OfficialRun, check_args, compare};
 use voxkernel_core::reference::{ReferenceForcing, ReferenceModel};
 
 fn main() -> Result<()> {
-    let (mut model, mut official) = (None, None);
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().with_context(|| format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--model" => model = Some(PathBuf::from(value)),
-            "--official" => official = Some(PathBuf::from(value)),
-            other => bail!("unknown flag {other}; valid: --model, --official"),
-        }
-    }
-    let ckpt = Checkpoint::open(&model.context("--model DIR is required")?)?;
-    let run = OfficialRun::open(&official.context("--official FILE is required")?)?;
+    let (model, official) = check_args(std::env::args().skip(1))?;
+    let ckpt = Checkpoint::open(&model)?;
+    let run = OfficialRun::open(&official)?;
     let reference = ReferenceModel::new(&ckpt)?;
     let sampling = OfficialRun::sampling(ckpt.generation.repetition_penalty);
     let eos = ckpt.config.talker.codec_eos_token_id;

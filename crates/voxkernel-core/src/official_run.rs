@@ -3,9 +3,9 @@
 //! frame, how close are its codebook-0 logits, and how often are its own greedy choices the
 //! official ones?
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Result, bail, ensure};
+use anyhow::{Context, Result, bail, ensure};
 
 use crate::backend::{Frame, NUM_CODE_GROUPS};
 use crate::checkpoint::SafetensorsFile;
@@ -155,4 +155,23 @@ pub fn compare(
         logits_rel_err_mean: errs.iter().sum::<f32>() / errs.len() as f32,
         agreement: agree as f64 / total as f64,
     })
+}
+
+/// The command line of the comparison tools: `--model DIR --official FILE` (checkpoint, dump).
+pub fn check_args(mut args: impl Iterator<Item = String>) -> Result<(PathBuf, PathBuf)> {
+    let (mut model, mut official) = (None, None);
+    while let Some(flag) = args.next() {
+        let value = args
+            .next()
+            .with_context(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--model" => model = Some(PathBuf::from(value)),
+            "--official" => official = Some(PathBuf::from(value)),
+            other => bail!("unknown flag {other}; valid: --model, --official"),
+        }
+    }
+    Ok((
+        model.context("--model DIR is required")?,
+        official.context("--official FILE is required")?,
+    ))
 }

@@ -5,12 +5,10 @@
 //! its own greedy choices equal the official codes. Then, free-running from the same prompt,
 //! how many frames stay identical. Prints one JSON summary line.
 
-use std::path::PathBuf;
-
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use voxkernel_core::backend::{Frame, FrameBackend, FrameEvent, SlotId};
 use voxkernel_core::checkpoint::Checkpoint;
-use voxkernel_core::official_run::{ForcedStep, OfficialRun, TeacherForced, compare};
+use voxkernel_core::official_run::{ForcedStep, OfficialRun, TeacherForced, check_args, compare};
 use voxkernel_core::sampling::SamplingConfig;
 use voxkernel_cuda::{CudaBackend, CudaOptions};
 
@@ -42,18 +40,9 @@ impl TeacherForced for Forcing<'_> {
 }
 
 fn main() -> Result<()> {
-    let (mut model, mut official) = (None, None);
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().with_context(|| format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--model" => model = Some(PathBuf::from(value)),
-            "--official" => official = Some(PathBuf::from(value)),
-            other => bail!("unknown flag {other}; valid: --model, --official"),
-        }
-    }
-    let ckpt = Checkpoint::open(&model.context("--model DIR is required")?)?;
-    let run = OfficialRun::open(&official.context("--official FILE is required")?)?;
+    let (model, official) = check_args(std::env::args().skip(1))?;
+    let ckpt = Checkpoint::open(&model)?;
+    let run = OfficialRun::open(&official)?;
     let sampling = OfficialRun::sampling(ckpt.generation.repetition_penalty);
     let rows = run.prefill.len() / ckpt.config.talker.hidden_size;
     let options = CudaOptions {

@@ -1,5 +1,5 @@
-// voxkernel frame megakernel (version 1.3: phases chained by tagged words, no grid barriers; o and
-// down split over warp pairs).
+// voxkernel frame megakernel (version 1.3: phases chained by tagged words, no grid barriers; o,
+// down and gate|up tasks shared by warp pairs).
 //
 // One cooperative launch advances up to MAX_B sequences by one audio frame:
 //   code predictor (16 single-token passes: past_hidden, CE(c0), then 14 group embeddings),
@@ -347,9 +347,10 @@ __device__ void collect_x(const Params& p, int in, int nb, int n, float* out) {
 
 // Task t of a matvec goes to block t % gridDim.x (every block streams an equal share of the
 // weights): this warp's k-th task of `tasks`, or -1. With `split` 2, warps 2i and 2i + 1 share
-// each of their tasks, each taking half of its K (a block has 8 tasks of the 1,024-row o and
+// each of their tasks: each takes half of its K (a block has 8 tasks of the 1,024-row o and
 // down products: without the split, half of its warps would idle and the others would walk
-// twice the weights after their inputs arrive).
+// twice the weights after their inputs arrive), or, for gate|up pairs, one row each (a warp
+// then walks at most 3 rows instead of 4).
 __device__ __forceinline__ int warp_task(int k, int tasks, int split) {
   const int t = bid() + gridDim.x * ((tid() >> 5) / split + WARPS / split * k);
   return t < tasks ? t : -1;
@@ -380,10 +381,16 @@ struct FirstChunks {
   uint4 w[MATVEC_DEPTH];
 };
 
-__device__ FirstChunks first_chunks(const bf16_t* W, int rows, int K, int split = 1) {
+// The row a warp takes of task t: with split 2 and a pair, the odd warp takes the second row.
+__device__ __forceinline__ int split_row(int t, int split, int pair) {
+  return t < 0 || split == 1 ? t : t + ((tid() >> 5) & 1) * pair;
+}
+
+__device__ FirstChunks first_chunks(const bf16_t* W, int rows, int K, int split = 1,
+                                    int pair = 0) {
   FirstChunks f;
-  const int r = warp_task(0, rows, split), lane = tid() & 31;
-  const int2 c = warp_chunks(K >> 3, split);
+  const int r = split_row(warp_task(0, rows, split), split, pair), lane = tid() & 31;
+  const int2 c = warp_chunks(K >> 3, pair > 0 ? 1 : split);
   const uint4* wr = reinterpret_cast<const uint4*>(W + (size_t)(r < 0 ? 0 : r) * K);
 #pragma unroll
   for (int j = 0; j < MATVEC_DEPTH; j++) {
@@ -403,21 +410,19 @@ __device__ FirstChunks first_chunks(const bf16_t* W, int rows, int K, int split 
 // before it uses the current one, so that a warp's rows do not each wait a memory round trip;
 // the first batch is `first` (first_chunks of the same W, tasks, K). Each row's sum runs over
 // its chunks in order. `emit(b, t, y_t, y_t+pair)` (the second 0 without a pair) is called by
-// lane 0. With SPLIT 2 (no pair), warp_task's pairs of warps share each row: the odd warp
-// hands its sum to the even one through `pair_sums` (2 * WARPS * MAX_B shared words; the host
-// sizes the work area for them), which adds it to its own and emits.
+// lane 0. With SPLIT 2, warp_task's pairs of warps share each task (half of K each, or with a
+// pair one row each): the odd warp hands its sum to the even one through `pair_sums`
+// (2 * WARPS * MAX_B shared words; the host sizes the work area for them), which adds it to its
+// own (or takes it as the pair's second row) and emits. `first` comes from first_chunks with the
+// same split and pair.
 template <int SPLIT = 1, typename Emit>
 __device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const float* xs, int nb,
                              const FirstChunks& first, Emit emit, float* pair_sums = nullptr) {
   const int lane = tid() & 31;
-  const int2 c = warp_chunks(K >> 3, SPLIT);
+  const int2 c = warp_chunks(K >> 3, pair > 0 ? 1 : SPLIT);
   const int k8 = c.y;  // the warp's chunks of a row end here
-  const int per_task = pair > 0 ? 2 : 1;
   // the warp's q-th row, or -1
-  auto row_of = [&](int q) {
-    const int t = warp_task(q / per_task, tasks, SPLIT);
-    return t < 0 ? -1 : t + (q % per_task) * pair;
-  };
+  auto row_of = [&](int q) { return split_row(warp_task(q, tasks, SPLIT), SPLIT, pair); };
   auto load = [&](uint4* w, int r, int b0) {
     const uint4* wr = reinterpret_cast<const uint4*>(W + (size_t)(r < 0 ? 0 : r) * K);
 #pragma unroll
@@ -426,9 +431,9 @@ __device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const 
       w[j] = r >= 0 && i < k8 ? ld_weights(wr + i) : make_uint4(0u, 0u, 0u, 0u);
     }
   };
-  float acc[MAX_B], y[MAX_B];
+  float acc[MAX_B];
 #pragma unroll
-  for (int b = 0; b < MAX_B; b++) acc[b] = y[b] = 0.f;
+  for (int b = 0; b < MAX_B; b++) acc[b] = 0.f;
   uint4 cur[MATVEC_DEPTH];
 #pragma unroll
   for (int j = 0; j < MATVEC_DEPTH; j++) cur[j] = first.w[j];
@@ -463,6 +468,7 @@ __device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const 
 #pragma unroll
       for (int b = 0; b < MAX_B; b++)
         if (b < nb) acc[b] = warp_sum(acc[b]);
+      const int t = warp_task(q, tasks, SPLIT);
       if (SPLIT > 1) {
         // two slots per pair, alternating by row: a slot is rewritten only after the pair has
         // met again, so after the even warp has read it
@@ -473,17 +479,16 @@ __device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const 
             if (lane == 0) slot[b] = acc[b];
         }
         pair_barrier();
+        if (((tid() >> 5) & 1) == 0) {
 #pragma unroll
-        for (int b = 0; b < MAX_B; b++) acc[b] += slot[b];
-      }
-      const int t = r - (q % per_task) * pair;
-      if (pair > 0 && q % 2 == 0) {
-#pragma unroll
-        for (int b = 0; b < MAX_B; b++) y[b] = acc[b];
-      } else if (SPLIT == 1 || ((tid() >> 5) & 1) == 0) {
+          for (int b = 0; b < MAX_B; b++)
+            if (b < nb && lane == 0)
+              emit(b, t, pair > 0 ? acc[b] : acc[b] + slot[b], pair > 0 ? slot[b] : 0.f);
+        }
+      } else {
 #pragma unroll
         for (int b = 0; b < MAX_B; b++)
-          if (b < nb && lane == 0) emit(b, t, pair > 0 ? y[b] : acc[b], pair > 0 ? acc[b] : 0.f);
+          if (b < nb && lane == 0) emit(b, t, acc[b], 0.f);
       }
 #pragma unroll
       for (int b = 0; b < MAX_B; b++) acc[b] = 0.f;
@@ -798,15 +803,18 @@ __device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int
   end_phase(p, stack | PH_O);
 
   // post-attention norm, gate and up rows in pairs: SiLU(gate) * up
-  first = first_chunks(lw.gate_up, inter, H);
+  first = first_chunks(lw.gate_up, inter, H, 2, inter);
   if (has_rows(inter)) {
     collect_x(p, x_words(0, ex + LX_O), nb, H, xr);
     rmsnorm_rows(xr, H, lw.post_norm, s.eps, nb, xs, sm_red(p));
   }
-  matvec_tasks(lw.gate_up, inter, inter, H, xs, nb, first, [&](int b, int t, float gt, float up) {
-    publish(p.act + (size_t)b * p.max_inter + t, gt / (1.f + expf(-gt)) * up,
-            tag_of(p, ex + LX_ACT));
-  });
+  matvec_tasks<2>(
+      lw.gate_up, inter, inter, H, xs, nb, first,
+      [&](int b, int t, float gt, float up) {
+        publish(p.act + (size_t)b * p.max_inter + t, gt / (1.f + expf(-gt)) * up,
+                tag_of(p, ex + LX_ACT));
+      },
+      sm_work(p));
   end_phase(p, stack | PH_GATE_UP);
 
   first = first_chunks(lw.down, H, inter, 2);

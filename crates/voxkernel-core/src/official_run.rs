@@ -175,3 +175,92 @@ pub fn check_args(mut args: impl Iterator<Item = String>) -> Result<(PathBuf, Pa
         official.context("--official FILE is required")?,
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Replays a run, optionally with one own choice changed and the logits scaled.
+    struct Replay<'a> {
+        run: &'a OfficialRun,
+        frame: usize,
+        wrong_group: Option<(usize, usize)>,
+        logit_scale: f32,
+    }
+
+    impl TeacherForced for Replay<'_> {
+        fn start(&mut self, _: &[f32], _: &[f32], _: SamplingConfig, _: usize) -> Result<Vec<f32>> {
+            Ok(self.run.logits[0].clone())
+        }
+
+        fn step(&mut self, frame: &Frame, next_c0: u32) -> Result<ForcedStep> {
+            let k = self.frame;
+            self.frame += 1;
+            let mut own_frame = *frame;
+            if let Some((wrong_frame, group)) = self.wrong_group
+                && wrong_frame == k
+            {
+                own_frame[group] += 1;
+            }
+            let logits = self.run.logits.get(k + 1).map_or_else(Vec::new, |l| {
+                l.iter().map(|v| v * self.logit_scale).collect()
+            });
+            Ok(ForcedStep {
+                logits,
+                own_frame,
+                own_next_c0: next_c0,
+            })
+        }
+    }
+
+    fn run() -> OfficialRun {
+        let codes: Vec<Frame> = (0..3u32).map(|k| [k + 10; NUM_CODE_GROUPS]).collect();
+        OfficialRun {
+            prefill: vec![0.0; 4],
+            trailing: vec![0.0; 4],
+            logits: vec![vec![1.0, -2.0], vec![0.5, 4.0], vec![-1.0, 1.0]],
+            codes,
+        }
+    }
+
+    #[test]
+    fn counts_every_own_choice_and_compares_the_logits_present() {
+        let run = run();
+        let sampling = OfficialRun::sampling(1.05);
+        let mut exact = Replay {
+            run: &run,
+            frame: 0,
+            wrong_group: None,
+            logit_scale: 1.0,
+        };
+        let c = compare(&run, &mut exact, sampling, 99).unwrap();
+        assert_eq!((c.frames, c.logit_steps), (3, 3));
+        assert_eq!((c.agreement, c.logits_rel_err_max), (1.0, 0.0));
+
+        // 3 frames x 15 groups + 2 next codebook-0 choices (the last frame's has no official one)
+        let mut off = Replay {
+            run: &run,
+            frame: 0,
+            wrong_group: Some((1, 7)),
+            logit_scale: 1.01,
+        };
+        let c = compare(&run, &mut off, sampling, 99).unwrap();
+        assert_eq!(c.agreement, 46.0 / 47.0);
+        assert!((c.logits_rel_err_max - 0.01).abs() < 1e-6, "{c:?}");
+        assert!((c.logits_rel_err_mean - 0.02 / 3.0).abs() < 1e-6, "{c:?}");
+    }
+
+    #[test]
+    fn check_args_name_what_is_missing_or_unknown() {
+        let args = |a: &[&str]| check_args(a.iter().map(|s| s.to_string()));
+        let (m, o) = args(&["--official", "run.st", "--model", "ckpt"]).unwrap();
+        assert_eq!((m, o), (PathBuf::from("ckpt"), PathBuf::from("run.st")));
+        let err = args(&["--model", "ckpt"]).unwrap_err().to_string();
+        assert!(err.contains("--official"), "{err}");
+        let err = args(&["--modle", "x"]).unwrap_err().to_string();
+        assert!(
+            err.contains("--modle") && err.contains("valid: --model, --official"),
+            "{err}"
+        );
+    }
+}

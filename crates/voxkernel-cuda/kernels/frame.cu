@@ -404,17 +404,17 @@ __device__ FirstChunks first_chunks(const bf16_t* W, int rows, int K, int split 
 }
 
 // Every warp of the grid takes whole tasks: task t is output row t, y[b][t] = W[t] . xs[b], and
-// with `pair` > 0 also row t + pair (gate and up rows of one SiLU * up output); tasks are dealt
-// by warp_task. K must be a multiple of 8 (16-byte weight loads). A warp walks the batches of MATVEC_DEPTH chunks per lane
-// of all its rows as one stream and loads the next batch (of the same row or of its next row)
-// before it uses the current one, so that a warp's rows do not each wait a memory round trip;
-// the first batch is `first` (first_chunks of the same W, tasks, K). Each row's sum runs over
-// its chunks in order. `emit(b, t, y_t, y_t+pair)` (the second 0 without a pair) is called by
-// lane 0. With SPLIT 2, warp_task's pairs of warps share each task (half of K each, or with a
-// pair one row each): the odd warp hands its sum to the even one through `pair_sums`
-// (2 * WARPS * MAX_B shared words; the host sizes the work area for them), which adds it to its
-// own (or takes it as the pair's second row) and emits. `first` comes from first_chunks with the
-// same split and pair.
+// with `pair` > 0 also row t + pair (gate and up rows of one SiLU * up output; pairs need SPLIT
+// 2); tasks are dealt by warp_task. K must be a multiple of 8 (16-byte weight loads). A warp
+// walks the batches of MATVEC_DEPTH chunks per lane of all its rows as one stream and loads the
+// next batch (of the same row or of its next row) before it uses the current one, so that a
+// warp's rows do not each wait a memory round trip; the first batch is `first` (first_chunks of
+// the same W, tasks, K, split and pair). Each row's sum runs over its chunks in order.
+// `emit(b, t, y_t, y_t+pair)` (the second 0 without a pair) is called by lane 0. With SPLIT 2,
+// warp_task's pairs of warps share each task (half of K each, or with a pair one row each): the
+// odd warp hands its sum to the even one through `pair_sums` (2 * WARPS * MAX_B shared words;
+// the host sizes the work area for them), which adds it to its own (or takes it as the pair's
+// second row) and emits.
 template <int SPLIT = 1, typename Emit>
 __device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const float* xs, int nb,
                              const FirstChunks& first, Emit emit, float* pair_sums = nullptr) {

@@ -112,18 +112,19 @@ def main():
     args = ap.parse_args()
     dtypes = {"bf16": torch.bfloat16, "float32": torch.float32}
     dump = load_file(args.dump)
+    codes = dump["codes"][:args.frames].tolist()
+    with open(os.path.join(args.ckpt, "generation_config.json")) as f:
+        penalty = json.load(f)["repetition_penalty"]
     runs = {}
     for setting in args.settings.split(","):
-        dtype, attn = setting.split(":")
-        if dtype not in dtypes:
-            sys.exit(f"--settings: dtype {dtype!r} is not one of {', '.join(dtypes)}")
+        dtype, _, attn = setting.partition(":")
+        if dtype not in dtypes or attn not in ("sdpa", "eager"):
+            sys.exit(f"--settings: {setting!r} is not DTYPE:ATTN with DTYPE one of {', '.join(dtypes)} "
+                     "and ATTN one of sdpa, eager")
         model = load_model(args.ckpt, dtypes[dtype], attn, args.device)
-        with open(os.path.join(args.ckpt, "generation_config.json")) as f:
-            penalty = json.load(f)["repetition_penalty"]
         with torch.no_grad():
             runs[setting] = forced_run(model, dump, args.frames, penalty, args.device)
         del model
-        codes = dump["codes"][:args.frames].tolist()
         own_equal = sum(o == f[1:] for (o, _, _), f in zip(runs[setting], codes))
         print(f"{setting}: {len(runs[setting])} frames forced; frames whose own c1..c15 equal the dump's: {own_equal}")
     for x, y in itertools.combinations(runs, 2):

@@ -109,7 +109,7 @@ pub struct Comparison {
     pub agreement: f64,
 }
 
-/// max |got - want| / max |want|.
+/// max |got - want| / max |want| (over the common length; `compare` checks the lengths).
 pub fn rel_err(got: &[f32], want: &[f32]) -> f32 {
     let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
     got.iter()
@@ -129,12 +129,24 @@ pub fn compare(
         bail!("the dump has no logit rows or no frames");
     }
     let first = backend.start(&run.prefill, &run.trailing, sampling, run.codes.len())?;
+    ensure!(
+        first.len() == run.logits[0].len(),
+        "prefill: the backend gave {} codebook-0 logits, the dump has {}",
+        first.len(),
+        run.logits[0].len()
+    );
     let mut errs = vec![rel_err(&first, &run.logits[0])];
     let (mut agree, mut total) = (0usize, 0usize);
     for (k, frame) in run.codes.iter().enumerate() {
         let next = run.codes.get(k + 1).map_or(eos, |f| f[0]);
         let step = backend.step(frame, next)?;
         if let Some(want) = run.logits.get(k + 1) {
+            ensure!(
+                step.logits.len() == want.len(),
+                "frame {k}: the backend gave {} codebook-0 logits, the dump has {}",
+                step.logits.len(),
+                want.len()
+            );
             errs.push(rel_err(&step.logits, want));
         }
         agree += step.own_frame[1..]

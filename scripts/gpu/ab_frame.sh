@@ -7,6 +7,7 @@
 #                                                 .gpu-ab/voxkernel.xz, .gpu/bin's is used)
 # Each source is compiled there with the machine's NVRTC and loaded through VOXKERNEL_CUBIN by
 # one `voxkernel` binary, whose host side must match every variant's Params and shared memory.
+# BASELINE=path/voxkernel.xz: another binary (its own kernel) benched first, on the same machine.
 set -u
 if [ "${1:-}" = pack ]; then
   shift
@@ -37,6 +38,24 @@ if [ ! -d $CKPT ]; then
   PYTHONPATH=/tmp/site python3 .gpu/scripts/make_ckpt.py --out $CKPT --size 0.6b --type custom_voice \
     --no-eos 2>&1 | tail -1
 fi
+summary() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+for line in open(sys.argv[2]):
+    r = json.loads(line)
+    if r.get("bench") == "frame":
+        print(f"{sys.argv[1]}: p50 {r['ms_per_frame_p50']} p99 {r['ms_per_frame_p99']} ms ({r['ratio_to_floor']}x)")
+    else:
+        top = sorted(r["phases"], key=lambda p: -p["us_per_frame"])
+        print("   " + ", ".join(f"{p['stack'][0]}.{p['phase']} {p['mean_us']}" for p in top[:12]))
+PY
+}
+if [ -n "${BASELINE:-}" ]; then
+  python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' \
+    "$BASELINE" /tmp/voxkernel-baseline && chmod +x /tmp/voxkernel-baseline
+  /tmp/voxkernel-baseline bench --model $CKPT --frames 300 --profile 10 2>&1 | grep '^{' > /tmp/ab-baseline.jsonl
+  summary baseline /tmp/ab-baseline.jsonl
+fi
 for src in "$G"/*.cu; do
   v=$(basename "$src" .cu)
   python3 - "$NVRTC" "$src" "/tmp/frame-$v.cubin" <<'PY'
@@ -54,14 +73,5 @@ open(sys.argv[3], "wb").write(cubin.raw)
 PY
   VOXKERNEL_CUBIN=/tmp/frame-$v.cubin /tmp/voxkernel-ab bench --model $CKPT --frames 300 --profile 10 \
     2>&1 | grep '^{' > /tmp/ab-$v.jsonl
-  python3 - "$v" /tmp/ab-$v.jsonl <<'PY'
-import json, sys
-for line in open(sys.argv[2]):
-    r = json.loads(line)
-    if r.get("bench") == "frame":
-        print(f"{sys.argv[1]}: p50 {r['ms_per_frame_p50']} p99 {r['ms_per_frame_p99']} ms ({r['ratio_to_floor']}x)")
-    else:
-        top = sorted(r["phases"], key=lambda p: -p["us_per_frame"])
-        print("   " + ", ".join(f"{p['stack'][0]}.{p['phase']} {p['mean_us']}" for p in top[:12]))
-PY
+  summary "$v" /tmp/ab-$v.jsonl
 done

@@ -109,8 +109,9 @@ pub struct Comparison {
     pub agreement: f64,
 }
 
-/// max |got - want| / max |want| (over the common length; `compare` checks the lengths).
+/// max |got - want| / max |want|. Panics when the lengths differ (`compare` checks them first).
 pub fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len(), "rel_err: lengths differ");
     let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
     got.iter()
         .zip(want)

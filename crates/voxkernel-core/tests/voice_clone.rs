@@ -15,6 +15,7 @@ use voxkernel_core::checkpoint::SafetensorsFile;
 use voxkernel_core::engine::{
     self, Engine, EngineOptions, Model, SessionEvent, SessionRequest, SpeechRequest,
 };
+use voxkernel_core::official_run::rel_err;
 use voxkernel_core::prompt::{TextMode, Voice};
 use voxkernel_core::reference::codec_decoder::CodecDecoder;
 use voxkernel_core::reference::{ReferenceBackend, ReferenceCodec, ReferenceModel};
@@ -79,16 +80,6 @@ fn frames(file: &SafetensorsFile, name: &str) -> Vec<Frame> {
         .chunks_exact(NUM_CODE_GROUPS)
         .map(|row| std::array::from_fn(|g| u32::try_from(row[g]).unwrap()))
         .collect()
-}
-
-fn rel_err(ours: &[f32], official: &[f32]) -> f32 {
-    assert_eq!(ours.len(), official.len(), "lengths differ");
-    let diff = ours
-        .iter()
-        .zip(official)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
-    diff / official.iter().map(|x| x.abs()).fold(0.0, f32::max)
 }
 
 fn max_abs(ours: &[f32], official: &[f32]) -> f32 {

@@ -15,6 +15,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail, ensure};
 use voxkernel_core::backend::{FrameBackend, SequenceSpec, SlotId};
 use voxkernel_core::checkpoint::Checkpoint;
+use voxkernel_core::official_run::rel_err;
 use voxkernel_core::prompt::{PromptPlan, PromptRequest, TextIds, TextMode, Voice, build_plan};
 use voxkernel_core::reference::ReferenceModel;
 use voxkernel_core::sampling::{SamplerParams, SamplingConfig};
@@ -116,14 +117,6 @@ fn greedy(ckpt: &Checkpoint) -> SamplingConfig {
         subtalker: params(1.0),
         seed: 0,
     }
-}
-
-fn rel_err(got: &[f32], want: &[f32]) -> f64 {
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
-    got.iter()
-        .zip(want)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs())) as f64
-        / scale as f64
 }
 
 fn argmax(v: &[f32]) -> usize {
@@ -231,7 +224,7 @@ fn check(
         }
     }
     let slots = start_all(backend, specs)?;
-    let mut worst = 0f64;
+    let mut worst = 0f32;
     let mut same_argmax = true;
     for (slot, want) in slots.iter().zip(&solo) {
         let got = backend.logits(*slot)?;

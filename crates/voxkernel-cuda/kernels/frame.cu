@@ -1,5 +1,5 @@
-// voxkernel frame megakernel (version 1.3: phases chained by tagged words, no grid barriers; o,
-// down and gate|up tasks shared by warp pairs).
+// voxkernel frame megakernel (version 1.4: phases chained by tagged words, no grid barriers; o,
+// down and gate|up tasks shared by warp pairs; V appended by a warp of its own).
 //
 // One cooperative launch advances up to MAX_B sequences by one audio frame:
 //   code predictor (16 single-token passes: past_hidden, CE(c0), then 14 group embeddings),
@@ -543,8 +543,9 @@ __device__ __forceinline__ void await_head(const u64* src, int hd, u32 tag,
 // sequence of a phase: enough for the longest (the others' last chunks are empty). The code
 // predictor's passes (at most 17 positions) always run one chunk, so that a (sequence, kv head)
 // keeps one block and its cache rows never cross blocks within a launch.
-// Per (sequence, kv head, chunk): q/k RMSNorm, RoPE, the KV append (by the chunk holding pos),
-// then the group's q heads attend over the chunk's positions. Each warp takes every WARPS-th
+// Per (sequence, kv head, chunk): q/k RMSNorm, RoPE, the KV append (by the chunk holding pos;
+// warp 0 rotates and appends K, warps 1..group its q heads, the next warp appends V), then the
+// group's q heads attend over the chunk's positions. Each warp takes every WARPS-th
 // position for HEADS_PER_PASS q heads at once (one K and V load serves them all) and loads the
 // next position's K and V before computing on the current one, so a warp's loads overlap instead
 // of chaining. The warps' partial softmax states are merged in a fixed order; with several
@@ -585,14 +586,6 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
       const bf16_t* nw = warp == 0 ? lw.k_norm : lw.q_norm;
       float xv[HEAD_REGS];
       await_head(src, hd, t_qkv, xv);
-      if (warp == 0 && c == own_chunk) {
-        // the V append, straight from the words
-        float vv[HEAD_REGS];
-        await_head(qkv + q_width + kv_width + g * hd, hd, t_qkv, vv);
-#pragma unroll
-        for (int j = 0; j < HEAD_REGS; j++)
-          if (lane + 32 * j < hd) vc[(size_t)pos * hd + lane + 32 * j] = vv[j];
-      }
       float ss = 0.f;
 #pragma unroll
       for (int j = 0; j < HEAD_REGS; j++) ss += xv[j] * xv[j];
@@ -619,6 +612,14 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
       __syncwarp();
       if (warp == 0 && c == own_chunk)
         for (int i = lane; i < hd; i += 32) kc[(size_t)pos * hd + i] = v[i];
+    } else if (warp == gs + 1 && c == own_chunk) {
+      // the V append, straight from the words, on a warp of its own: its loads go out with the
+      // k and q heads' instead of after k's (the host checks gs + 2 <= WARPS)
+      float vv[HEAD_REGS];
+      await_head(qkv + q_width + kv_width + g * hd, hd, t_qkv, vv);
+#pragma unroll
+      for (int j = 0; j < HEAD_REGS; j++)
+        if (lane + 32 * j < hd) vc[(size_t)pos * hd + lane + 32 * j] = vv[j];
     }
     __syncthreads();
     for (int q0 = 0; q0 < gs; q0 += HEADS_PER_PASS) {

@@ -272,6 +272,14 @@ impl CudaBackend {
                 st.inter,
                 st.hidden
             );
+            // attention: warp 0 takes the kv head, one warp each q head of its group, the next V
+            let group = st.n_heads / st.n_kv;
+            ensure!(
+                group + 2 <= BLOCK_WARPS,
+                "the frame kernel's attention needs the {name}'s q heads per kv head ({group}) to \
+                 be at most {}",
+                BLOCK_WARPS - 2
+            );
         }
         // start + per predictor pass (input, 5 per layer, head, sampling) + the talker's
         let max_marks = 1 + g * (3 + 5 * c.layers) + 5 * t.layers + 3;

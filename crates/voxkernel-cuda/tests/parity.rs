@@ -11,6 +11,7 @@ use voxkernel_core::backend::{
 };
 use voxkernel_core::checkpoint::{Checkpoint, SafetensorsFile};
 use voxkernel_core::config::ModelConfig;
+use voxkernel_core::official_run::rel_err;
 use voxkernel_core::prompt::{PromptPlan, PromptRequest, TextIds, TextMode, Voice, build_plan};
 use voxkernel_core::sampling::{
     SamplerParams, SamplingConfig, TalkerLogitRules, apply_repetition_penalty, apply_temperature,
@@ -171,16 +172,6 @@ fn sampled(ckpt: &Checkpoint, seed: u64) -> SamplingConfig {
     s.talker.do_sample = true;
     s.subtalker.do_sample = true;
     s
-}
-
-fn rel_err(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
-    let diff = got
-        .iter()
-        .zip(want)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    diff / scale
 }
 
 fn options() -> CudaOptions {

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use voxkernel_core::backend::{Frame, FrameBackend, FrameEvent, SequenceSpec, SlotId};
 use voxkernel_core::engine::{Model, SpeechRequest};
+use voxkernel_core::official_run::rel_err;
 use voxkernel_core::prompt::{TextMode, Voice};
 use voxkernel_core::sampling::SamplingConfig;
 use voxkernel_cuda::{CudaBackend, CudaOptions, driver_available};
@@ -136,15 +137,6 @@ fn backend(model: &Model, slots: usize, max_prefill_rows: usize) -> CudaBackend 
         },
     )
     .unwrap()
-}
-
-fn rel_err(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
-    got.iter()
-        .zip(want)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
-        / scale
 }
 
 /// Every sequence's prefill logits, then its frames with all of them stepping together.

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use voxkernel_core::backend::{Frame, NUM_CODE_GROUPS};
 use voxkernel_core::checkpoint::{Checkpoint, SafetensorsFile};
+use voxkernel_core::official_run::rel_err;
 use voxkernel_core::reference::mel::MelSpectrogram;
 use voxkernel_core::voice_clone::{
     CloneEncoder, CloneMode, CloneRequestError, ReferenceAudio, VoiceEncoder,
@@ -54,16 +55,6 @@ fn encoders(dir: &Path) -> (VoiceEncoder, CudaVoiceEncoder) {
     let cpu = VoiceEncoder::from_checkpoint(&checkpoint).expect("CPU encoder");
     let gpu = CudaVoiceEncoder::from_checkpoint(&checkpoint).expect("CUDA encoder");
     (cpu, gpu)
-}
-
-fn rel_err(ours: &[f32], reference: &[f32]) -> f32 {
-    assert_eq!(ours.len(), reference.len(), "lengths differ");
-    let diff = ours
-        .iter()
-        .zip(reference)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
-    diff / reference.iter().map(|x| x.abs()).fold(0.0, f32::max)
 }
 
 /// Positions `(frame, codebook)` where two code sequences differ.

@@ -14,7 +14,7 @@ G=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 FRAMES=${FRAMES:-120}
-CHUNKS=${CHUNKS:-"64 0"}
+CHUNKS=${CHUNKS:-"32"}
 NVRTC=$(find / -name 'libnvrtc.so.13' -not -path '/proc/*' 2>/dev/null | head -1)
 export LD_LIBRARY_PATH="$(dirname "$NVRTC"):${LD_LIBRARY_PATH:-}"
 export XDG_CACHE_HOME=/tmp/vkcache PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false

@@ -12,6 +12,7 @@ use std::os::unix::fs::FileExt;
 use safetensors::Dtype;
 use safetensors::tensor::Metadata;
 
+use crate::backend::{Frame, NUM_CODE_GROUPS};
 use crate::config::{
     CodePredictorConfig, CodecDecoderConfig, CodecEncoderConfig, GenerationConfig, ModelConfig,
     ModelType, SpeakerEncoderConfig, SpeechTokenizerConfig, TalkerConfig,
@@ -116,6 +117,33 @@ impl SafetensorsFile {
             .read_exact_at(&mut buf, self.data_start + begin as u64)
             .with_context(|| format!("{}: reading tensor {name}", self.path.display()))?;
         Ok(buf)
+    }
+
+    /// An int64 `[frames, NUM_CODE_GROUPS]` tensor of codes (the official dumps and fixtures).
+    pub fn frames(&self, name: &str) -> Result<Vec<Frame>> {
+        let info = self
+            .info(name)
+            .with_context(|| format!("{}: missing tensor {name}", self.path.display()))?;
+        if info.dtype != Dtype::I64 || info.shape.len() != 2 || info.shape[1] != NUM_CODE_GROUPS {
+            bail!(
+                "{}: tensor {name} is {:?} {:?}, want I64 [frames, {NUM_CODE_GROUPS}]",
+                self.path.display(),
+                info.dtype,
+                info.shape
+            );
+        }
+        let codes = self
+            .bytes(name)?
+            .chunks_exact(8)
+            .map(|b| u32::try_from(i64::from_le_bytes(b.try_into().expect("8 bytes"))))
+            .collect::<Result<Vec<u32>, _>>()
+            .with_context(|| {
+                format!("{}: tensor {name} has a negative code", self.path.display())
+            })?;
+        Ok(codes
+            .chunks_exact(NUM_CODE_GROUPS)
+            .map(|c| Frame::try_from(c).expect("whole frames"))
+            .collect())
     }
 
     /// A tensor converted to f32 (from bf16, f16 or f32), with its shape.

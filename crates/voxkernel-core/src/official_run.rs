@@ -29,24 +29,11 @@ impl OfficialRun {
             shape.len() == 2,
             "logits_c0 has shape {shape:?}, want [steps, vocab]"
         );
-        let codes = dump.bytes("codes")?;
-        ensure!(
-            codes.len().is_multiple_of(8 * NUM_CODE_GROUPS),
-            "codes holds {} bytes, not whole frames of {NUM_CODE_GROUPS} int64 codes",
-            codes.len()
-        );
-        let codes: Vec<u32> = codes
-            .chunks_exact(8)
-            .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")) as u32)
-            .collect();
         Ok(Self {
             prefill: dump.f32("prefill_embeds")?.0,
             trailing: dump.f32("trailing_embeds")?.0,
             logits: logits.chunks(shape[1]).map(<[f32]>::to_vec).collect(),
-            codes: codes
-                .chunks(NUM_CODE_GROUPS)
-                .map(|c| Frame::try_from(c).expect("whole frames"))
-                .collect(),
+            codes: dump.frames("codes")?,
         })
     }
 

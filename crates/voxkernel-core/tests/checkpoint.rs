@@ -9,7 +9,7 @@ use std::path::Path;
 use checkpoint_support::*;
 use safetensors::Dtype;
 use voxkernel_core::checkpoint::{
-    Checkpoint, ModelSummary, REQUIRED_FILES, WeightFile, expected_tensors,
+    Checkpoint, ModelSummary, REQUIRED_FILES, SafetensorsFile, WeightFile, expected_tensors,
 };
 use voxkernel_core::config::{ModelConfig, ModelType, SpeechTokenizerConfig};
 
@@ -407,4 +407,59 @@ fn impossible_counts_in_the_configs_are_errors_not_panics() {
     let model = ModelConfig::from_json(&config).unwrap();
     let err = expected_tensors(&model, &codec).unwrap_err().to_string();
     assert!(err.contains("encoder_config.compress"), "{err}");
+}
+
+/// A safetensors file holding the given (name, dtype, shape, little-endian bytes) tensors.
+fn write_tensors(path: &Path, tensors: &[(&str, &str, Vec<usize>, Vec<u8>)]) {
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (name, dtype, shape, bytes) in tensors {
+        header.insert(
+            name.to_string(),
+            serde_json::json!({
+                "dtype": dtype,
+                "shape": shape,
+                "data_offsets": [data.len(), data.len() + bytes.len()],
+            }),
+        );
+        data.extend_from_slice(bytes);
+    }
+    let json = serde_json::to_vec(&header).unwrap();
+    let mut file = (json.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(&json);
+    file.extend_from_slice(&data);
+    std::fs::write(path, file).unwrap();
+}
+
+#[test]
+fn code_frames_are_read_and_bad_code_tensors_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("codes.safetensors");
+    let i64s = |v: &[i64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let good: Vec<i64> = (0..32).collect();
+    let mut negative = good.clone();
+    negative[5] = -1;
+    write_tensors(
+        &path,
+        &[
+            ("good", "I64", vec![2, 16], i64s(&good)),
+            ("negative", "I64", vec![2, 16], i64s(&negative)),
+            ("floats", "F32", vec![1, 16], vec![0; 64]),
+            ("narrow", "I64", vec![4, 8], i64s(&good)),
+        ],
+    );
+    let file = SafetensorsFile::open(&path).unwrap();
+    let frames = file.frames("good").unwrap();
+    assert_eq!(frames.len(), 2);
+    assert_eq!(frames[1][0], 16);
+    assert_eq!(frames[1][15], 31);
+    for (name, says) in [
+        ("negative", "negative code"),
+        ("floats", "F32"),
+        ("narrow", "[4, 8]"),
+        ("absent", "missing tensor absent"),
+    ] {
+        let err = format!("{:#}", file.frames(name).unwrap_err());
+        assert!(err.contains(says), "{name}: {err}");
+    }
 }

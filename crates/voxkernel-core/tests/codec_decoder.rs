@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use voxkernel_core::backend::{Frame, NUM_CODE_GROUPS};
+use voxkernel_core::backend::Frame;
 use voxkernel_core::checkpoint::SafetensorsFile;
 use voxkernel_core::config::SpeechTokenizerConfig;
 use voxkernel_core::reference::codec_decoder::{CodecDecoder, OFFICIAL_CHUNK_FRAMES};
@@ -48,19 +48,7 @@ fn load_decoder(speech_tokenizer_dir: &Path) -> Arc<CodecDecoder> {
 /// `codes` (i64 `[frames, 16]`) and `wav` (f32) of a case file.
 fn load_case(path: &Path) -> (Vec<Frame>, Vec<f32>) {
     let file = SafetensorsFile::open(path).unwrap();
-    let info = file.info("codes").expect("case has codes");
-    assert_eq!(info.shape[1], NUM_CODE_GROUPS, "{}", path.display());
-    let codes: Vec<i64> = file
-        .bytes("codes")
-        .unwrap()
-        .chunks_exact(8)
-        .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
-        .collect();
-    let frames = codes
-        .chunks_exact(NUM_CODE_GROUPS)
-        .map(|row| std::array::from_fn(|g| u32::try_from(row[g]).expect("code fits u32")))
-        .collect();
-    (frames, file.f32("wav").unwrap().0)
+    (file.frames("codes").unwrap(), file.f32("wav").unwrap().0)
 }
 
 #[derive(Debug)]

@@ -49,18 +49,7 @@ impl Case {
     }
 
     fn codes(&self) -> Vec<Frame> {
-        let info = self.tensors.info("codes").unwrap();
-        assert_eq!(
-            info.shape[1], 16,
-            "{}: codes shape {:?}",
-            self.name, info.shape
-        );
-        let bytes = self.tensors.bytes("codes").unwrap();
-        let values: Vec<u32> = bytes
-            .chunks_exact(8)
-            .map(|b| u32::try_from(i64::from_le_bytes(b.try_into().unwrap())).unwrap())
-            .collect();
-        values.chunks(16).map(|c| c.try_into().unwrap()).collect()
+        self.tensors.frames("codes").unwrap()
     }
 
     fn speaker_vector(&self) -> Option<Vec<f32>> {

@@ -67,21 +67,6 @@ fn tensors(path: &Path) -> SafetensorsFile {
     SafetensorsFile::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-fn frames(file: &SafetensorsFile, name: &str) -> Vec<Frame> {
-    let info = file.info(name).unwrap();
-    assert_eq!(info.shape[1], NUM_CODE_GROUPS);
-    let values: Vec<i64> = file
-        .bytes(name)
-        .unwrap()
-        .chunks_exact(8)
-        .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
-        .collect();
-    values
-        .chunks_exact(NUM_CODE_GROUPS)
-        .map(|row| std::array::from_fn(|g| u32::try_from(row[g]).unwrap()))
-        .collect()
-}
-
 fn max_abs(ours: &[f32], official: &[f32]) -> f32 {
     assert_eq!(ours.len(), official.len(), "lengths differ");
     ours.iter()
@@ -164,7 +149,7 @@ fn check_references(dir: &Path, encoder: &VoiceEncoder, clips: &[&str]) {
         let codes_s = started.elapsed().as_secs_f64();
         assert_eq!(
             codes,
-            frames(&official, "ref_codes"),
+            official.frames("ref_codes").unwrap(),
             "{clip}: reference codes"
         );
         println!(
@@ -193,10 +178,13 @@ fn check_resampled(dir: &Path, encoder: &VoiceEncoder) -> Vec<(String, f64)> {
         );
         let err_rms = rms(audio.samples(), &soxr);
         let codes = encoder.reference_codes(&audio).unwrap();
-        let share = agreement(&codes, &frames(&official, &format!("{clip}.ref_codes")));
+        let share = agreement(
+            &codes,
+            &official.frames(&format!("{clip}.ref_codes")).unwrap(),
+        );
         let first = codes
             .iter()
-            .zip(frames(&official, &format!("{clip}.ref_codes")))
+            .zip(official.frames(&format!("{clip}.ref_codes")).unwrap())
             .filter(|(a, b)| a[0] == b[0])
             .count() as f64
             / codes.len() as f64;
@@ -260,7 +248,7 @@ fn check_cases(dir: &Path, model: &Model, encoder: &VoiceEncoder) -> Vec<String>
             max_frames: meta.max_new_tokens - 1,
         };
         let (generated, finish) = engine::generate(&mut backend, &spec).unwrap();
-        let official_codes = frames(&official, "codes");
+        let official_codes = official.frames("codes").unwrap();
         assert_eq!(official_codes.len(), meta.num_frames);
         for (g, (ours, theirs)) in generated.iter().zip(&official_codes).enumerate() {
             assert_eq!(ours, theirs, "{case}: frame {g}");
@@ -376,7 +364,7 @@ fn engine_session_in_a_cloned_voice_matches_official() {
             SessionEvent::Error(e) => panic!("session error: {e}"),
         }
     }
-    assert_eq!(codes, frames(&official, "codes"));
+    assert_eq!(codes, official.frames("codes").unwrap());
     // The session streams 16-bit PCM: one LSB of rounding on top of the decoder's own bounds.
     let expected: Vec<i16> = official
         .f32("wav")

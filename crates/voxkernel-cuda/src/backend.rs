@@ -5,8 +5,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PinnedHostSlice,
-    PushKernelArg, ValidAsZeroBits,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use voxkernel_core::backend::{
     FinishReason, Frame, FrameBackend, FrameEvent, NUM_CODE_GROUPS, SequenceSpec, SlotId,
@@ -21,7 +20,7 @@ use crate::layout::{
     MAX_BATCH, MAX_HEAD_DIM, MODE_FRAME, MODE_HEAD, OWN_CODES, Sampler, Stack,
 };
 use crate::prefill::{Codec, Prefill, Segment, TalkerState, TextRow};
-use crate::runtime;
+use crate::runtime::{self, device_ptr, zeros};
 use crate::weights::{DeviceWeights, Geometry, StackGeometry};
 
 /// Sizes fixed at construction: nothing is allocated on the device after `new`.
@@ -140,16 +139,6 @@ impl Exchange {
     }
 }
 
-fn zeros<T: cudarc::driver::DeviceRepr + ValidAsZeroBits>(
-    stream: &Arc<CudaStream>,
-    len: usize,
-    what: &str,
-) -> Result<CudaSlice<T>> {
-    stream
-        .alloc_zeros::<T>(len.max(1))
-        .with_context(|| format!("allocating {what} ({len} elements)"))
-}
-
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
@@ -173,10 +162,6 @@ pub struct CudaBackend {
     device_name: String,
     /// The text-track id of the trailing row after the text runs out.
     tts_pad_id: u32,
-}
-
-fn ptr<T>(slice: &CudaSlice<T>, stream: &Arc<CudaStream>) -> u64 {
-    slice.device_ptr(stream).0
 }
 
 fn stack_params(
@@ -403,18 +388,18 @@ impl CudaBackend {
                 t,
                 w.talker_layers,
                 w.talker_norm,
-                ptr(&bufs.talker_rope, s),
-                ptr(&bufs.talker_k, s),
-                ptr(&bufs.talker_v, s),
+                device_ptr(&bufs.talker_rope, s),
+                device_ptr(&bufs.talker_k, s),
+                device_ptr(&bufs.talker_v, s),
                 max_len,
             ),
             cp: stack_params(
                 c,
                 w.cp_layers,
                 w.cp_norm,
-                ptr(&bufs.cp_rope, s),
-                ptr(&bufs.cp_k, s),
-                ptr(&bufs.cp_v, s),
+                device_ptr(&bufs.cp_rope, s),
+                device_ptr(&bufs.cp_k, s),
+                device_ptr(&bufs.cp_v, s),
                 g,
             ),
             codec_embedding: w.codec_embedding,
@@ -423,18 +408,18 @@ impl CudaBackend {
             cp_heads: w.cp_heads,
             proj_w: w.proj_w,
             proj_b: w.proj_b,
-            past_hidden: ptr(&bufs.past_hidden, s),
-            trailing: ptr(&bufs.trailing, s),
-            seen: ptr(&bufs.seen, s),
-            talker_logits: ptr(&bufs.talker_logits, s),
-            xw: ptr(&bufs.exchange.xw, s),
-            qkv: ptr(&bufs.exchange.qkv, s),
-            attn: ptr(&bufs.exchange.attn, s),
-            act: ptr(&bufs.exchange.act, s),
-            logits: ptr(&bufs.exchange.logits, s),
-            attn_part: ptr(&bufs.attn_part, s),
-            attn_count: ptr(&bufs.attn_count, s),
-            codes: ptr(&bufs.codes, s),
+            past_hidden: device_ptr(&bufs.past_hidden, s),
+            trailing: device_ptr(&bufs.trailing, s),
+            seen: device_ptr(&bufs.seen, s),
+            talker_logits: device_ptr(&bufs.talker_logits, s),
+            xw: device_ptr(&bufs.exchange.xw, s),
+            qkv: device_ptr(&bufs.exchange.qkv, s),
+            attn: device_ptr(&bufs.exchange.attn, s),
+            act: device_ptr(&bufs.exchange.act, s),
+            logits: device_ptr(&bufs.exchange.logits, s),
+            attn_part: device_ptr(&bufs.attn_part, s),
+            attn_count: device_ptr(&bufs.attn_count, s),
+            codes: device_ptr(&bufs.codes, s),
             vocab: geometry.vocab as i32,
             max_marks: max_marks as i32,
             attention_chunk: attention_chunk as i32,
@@ -456,9 +441,9 @@ impl CudaBackend {
             &geometry,
             &weights,
             TalkerState {
-                k_cache: ptr(&bufs.talker_k, s),
-                v_cache: ptr(&bufs.talker_v, s),
-                rope: ptr(&bufs.talker_rope, s),
+                k_cache: device_ptr(&bufs.talker_k, s),
+                v_cache: device_ptr(&bufs.talker_v, s),
+                rope: device_ptr(&bufs.talker_rope, s),
             },
             &options,
         )?;
@@ -666,7 +651,7 @@ impl CudaBackend {
         };
         if self.profile {
             self.stream.memset_zeros(&mut self.bufs.marks)?;
-            params.marks = ptr(&self.bufs.marks, &self.stream);
+            params.marks = device_ptr(&self.bufs.marks, &self.stream);
         }
         let cfg = LaunchConfig {
             grid_dim: (self.grid, 1, 1),

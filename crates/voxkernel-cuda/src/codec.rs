@@ -18,14 +18,14 @@ use cudarc::driver::sys::{
     CUstreamCaptureMode,
 };
 use cudarc::driver::{
-    CudaEvent, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+    CudaEvent, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DeviceRepr,
     LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use voxkernel_core::backend::{CodecBackend, CodecSlot, Frame, NUM_CODE_GROUPS};
 use voxkernel_core::checkpoint::{Checkpoint, SafetensorsFile};
 use voxkernel_core::config::{CodecDecoderConfig, SpeechTokenizerConfig};
 
-use crate::runtime;
+use crate::runtime::{self, device_ptr, zeros};
 
 /// Frames of one stream per pass (`MAX_PASS_FRAMES_PER_ENTRY` in the kernel). The K/V ring
 /// keeps `window + 15` rows so a pass never overwrites a key one of its own queries needs.
@@ -579,7 +579,7 @@ struct Planner<'a> {
 impl Planner<'_> {
     fn seg(&mut self, width: usize, hist: usize, rate: usize, what: &str) -> Result<Seg> {
         let rows = self.frames_cap * rate + self.entries_cap * hist;
-        let buf = alloc_f32(self.stream, rows * width, what)?;
+        let buf = zeros::<f32>(self.stream, rows * width, what)?;
         let seg = Seg {
             ptr: device_ptr(&buf, self.stream),
             width,
@@ -1233,20 +1233,6 @@ fn skinny_height(m: usize) -> usize {
     if m <= 4 { 4 } else { 16 }
 }
 
-pub(crate) fn alloc_f32(
-    stream: &Arc<CudaStream>,
-    len: usize,
-    what: &str,
-) -> Result<CudaSlice<f32>> {
-    stream
-        .alloc_zeros::<f32>(len.max(1))
-        .with_context(|| format!("allocating {what} ({len} floats)"))
-}
-
-pub(crate) fn device_ptr<T>(slice: &CudaSlice<T>, stream: &Arc<CudaStream>) -> u64 {
-    slice.device_ptr(stream).0
-}
-
 impl CudaCodec {
     pub fn from_checkpoint(checkpoint: &Checkpoint, options: CudaCodecOptions) -> Result<Self> {
         Self::new(
@@ -1357,19 +1343,19 @@ impl CudaCodec {
             })
             .collect();
         let hist_layers_buf = stream.clone_htod(&hist_layers)?;
-        let state = alloc_f32(
+        let state = zeros::<f32>(
             &stream,
             options.max_streams * state_stride,
             "stream histories",
         )?;
         let kv_slot_stride = dims.layers * ring * dims.width();
-        let kv = alloc_f32(
+        let kv = zeros::<f32>(
             &stream,
             2 * options.max_streams * kv_slot_stride,
             "stream K/V windows",
         )?;
         let kv_ptr = device_ptr(&kv, &stream);
-        let workspace_buf = alloc_f32(&stream, SPLIT_WORKSPACE_FLOATS, "split-depth workspace")?;
+        let workspace_buf = zeros::<f32>(&stream, SPLIT_WORKSPACE_FLOATS, "split-depth workspace")?;
         let counters_buf = stream
             .alloc_zeros::<u32>(SPLIT_COUNTERS)
             .context("allocating split-depth counters")?;
@@ -1391,7 +1377,7 @@ impl CudaCodec {
             frames: 0,
             entries: 0,
         };
-        let wav = alloc_f32(&stream, frames_cap * dims.samples_per_frame, "waveform")?;
+        let wav = zeros::<f32>(&stream, frames_cap * dims.samples_per_frame, "waveform")?;
         // SAFETY: plain page-locked host memory (no flags); every read of it follows a
         // synchronize on the copy that filled it, and every write precedes the copy that reads it.
         let tables_host = unsafe { ctx.alloc_pinned_with_flags::<u32>(layout.len, 0) }?;
@@ -1553,7 +1539,7 @@ impl CudaCodec {
             }
         }
         if floats > SPLIT_WORKSPACE_FLOATS {
-            let buf = alloc_f32(&self.stream, floats, "split-depth workspace")?;
+            let buf = zeros::<f32>(&self.stream, floats, "split-depth workspace")?;
             self.workspace = device_ptr(&buf, &self.stream);
             self._owned._workspace = buf;
         }

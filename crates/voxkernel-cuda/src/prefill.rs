@@ -10,8 +10,8 @@ use std::sync::Arc;
 use anyhow::{Context, Result, ensure};
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
-    LaunchConfig, PushKernelArg, ValidAsZeroBits,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
+    PushKernelArg,
 };
 use voxkernel_core::backend::NUM_CODE_GROUPS;
 
@@ -22,7 +22,7 @@ use crate::layout::{
     LAYER_DOWN, LAYER_GATE_UP, LAYER_IN_NORM, LAYER_K_NORM, LAYER_O, LAYER_POST_NORM, LAYER_Q_NORM,
     LAYER_QKV, LayerPointers, PREFILL_PIECES, Project, ROPE_WARPS, ROW_THREADS, Rows, SEG_WORDS,
 };
-use crate::runtime::{self, PREFILL_SOURCE};
+use crate::runtime::{self, PREFILL_SOURCE, device_ptr, zeros};
 use crate::weights::{DeviceWeights, Geometry, WeightPointers};
 
 /// The codec track summed onto a prompt row's projected text.
@@ -190,20 +190,6 @@ pub(crate) struct Prefill {
     layout: TableLayout,
 }
 
-fn zeros<T: DeviceRepr + ValidAsZeroBits>(
-    stream: &Arc<CudaStream>,
-    len: usize,
-    what: &str,
-) -> Result<CudaSlice<T>> {
-    stream
-        .alloc_zeros::<T>(len.max(1))
-        .with_context(|| format!("allocating the prefill's {what} ({len} elements)"))
-}
-
-fn ptr<T>(slice: &CudaSlice<T>, stream: &Arc<CudaStream>) -> u64 {
-    slice.device_ptr(stream).0
-}
-
 /// Block-steps of fixed cost per product block (prologue, epilogue), in units of one
 /// `GEMM_TILE_K` step: what a depth split costs beyond its share of the work.
 const SPLIT_OVERHEAD_STEPS: usize = 3;
@@ -296,17 +282,25 @@ impl Prefill {
         let talker_words =
             SEG_WORDS * max_slots + 2 * max_rows + 2 * (max_rows.div_ceil(tile_rows) + max_slots);
         let scratch = Scratch {
-            x: zeros(stream, max_rows * t.hidden, "rows")?,
+            x: zeros(stream, max_rows * t.hidden, "the prefill's rows")?,
             planes: zeros(
                 stream,
                 PREFILL_PIECES * max_rows * widest_input,
-                "product inputs",
+                "the prefill's product inputs",
             )?,
-            part: zeros(stream, part_floats, "partial sums")?,
-            q: zeros(stream, max_rows * t.q_width(), "queries")?,
-            head: zeros(stream, max_slots * head_stride, "last rows")?,
-            speakers: zeros(stream, max_slots * t.hidden, "speaker vectors")?,
-            table: zeros(stream, projection_words + talker_words, "tables")?,
+            part: zeros(stream, part_floats, "the prefill's partial sums")?,
+            q: zeros(stream, max_rows * t.q_width(), "the prefill's queries")?,
+            head: zeros(stream, max_slots * head_stride, "the prefill's last rows")?,
+            speakers: zeros(
+                stream,
+                max_slots * t.hidden,
+                "the prefill's speaker vectors",
+            )?,
+            table: zeros(
+                stream,
+                projection_words + talker_words,
+                "the prefill's tables",
+            )?,
         };
 
         let attention_smem =
@@ -318,13 +312,13 @@ impl Prefill {
             attention_smem as i32,
         )?;
         let at = ScratchPointers {
-            x: ptr(&scratch.x, stream),
-            planes: ptr(&scratch.planes, stream),
-            part: ptr(&scratch.part, stream),
-            q: ptr(&scratch.q, stream),
-            head: ptr(&scratch.head, stream),
-            speakers: ptr(&scratch.speakers, stream),
-            table: ptr(&scratch.table, stream),
+            x: device_ptr(&scratch.x, stream),
+            planes: device_ptr(&scratch.planes, stream),
+            part: device_ptr(&scratch.part, stream),
+            q: device_ptr(&scratch.q, stream),
+            head: device_ptr(&scratch.head, stream),
+            speakers: device_ptr(&scratch.speakers, stream),
+            table: device_ptr(&scratch.table, stream),
         };
         Ok(Self {
             products,
@@ -762,9 +756,9 @@ mod gpu_tests {
                 .unwrap();
             let part = stream.alloc_zeros::<f32>(part_floats).unwrap();
             let p = Gemm {
-                w: ptr(&w_dev, &stream),
-                x: ptr(&x_dev, &stream),
-                out: ptr(&part, &stream),
+                w: device_ptr(&w_dev, &stream),
+                x: device_ptr(&x_dev, &stream),
+                out: device_ptr(&part, &stream),
                 plane: (rows * k) as i64,
                 n: n as i32,
                 k: k as i32,

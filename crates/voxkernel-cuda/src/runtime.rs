@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use cudarc::driver::{CudaContext, CudaModule};
+use cudarc::driver::{
+    CudaContext, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits,
+};
 use cudarc::nvrtc::{Ptx, result as nvrtc_result, sys as nvrtc_sys};
 use sha2::{Digest, Sha256};
 
@@ -84,6 +86,23 @@ pub fn cache_key(source: &str, arch: &str, driver: i32) -> String {
         .take(16)
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+/// A zeroed device buffer of `len` elements (at least one, so that its address is valid),
+/// named in the error if it cannot be had.
+pub(crate) fn zeros<T: DeviceRepr + ValidAsZeroBits>(
+    stream: &Arc<CudaStream>,
+    len: usize,
+    what: &str,
+) -> Result<CudaSlice<T>> {
+    stream
+        .alloc_zeros::<T>(len.max(1))
+        .with_context(|| format!("allocating {what} ({len} elements)"))
+}
+
+/// A buffer's device address, for the kernels' parameter structs.
+pub(crate) fn device_ptr<T>(slice: &CudaSlice<T>, stream: &Arc<CudaStream>) -> u64 {
+    slice.device_ptr(stream).0
 }
 
 /// Loads the kernel module: the `VOXKERNEL_CUBIN` file when set, else the cached CUBIN, else a

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use voxkernel_core::backend::{CodecBackend, CodecSlot, Frame, NUM_CODE_GROUPS};
+use voxkernel_core::backend::{CodecBackend, CodecSlot, Frame};
 use voxkernel_core::checkpoint::SafetensorsFile;
 use voxkernel_core::config::SpeechTokenizerConfig;
 use voxkernel_core::reference::ReferenceCodec;
@@ -109,17 +109,7 @@ fn assert_close(what: &str, actual: &[f32], expected: &[f32], max_abs: f32, rms:
 /// `codes` (i64 `[frames, 16]`) and `wav` of a fixture case.
 fn load_case(path: &Path) -> (Vec<Frame>, Vec<f32>) {
     let file = SafetensorsFile::open(path).unwrap();
-    let codes: Vec<i64> = file
-        .bytes("codes")
-        .unwrap()
-        .chunks_exact(8)
-        .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
-        .collect();
-    let frames = codes
-        .chunks_exact(NUM_CODE_GROUPS)
-        .map(|row| std::array::from_fn(|g| u32::try_from(row[g]).unwrap()))
-        .collect();
-    (frames, file.f32("wav").unwrap().0)
+    (file.frames("codes").unwrap(), file.f32("wav").unwrap().0)
 }
 
 #[test]

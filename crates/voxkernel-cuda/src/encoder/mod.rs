@@ -29,9 +29,9 @@ use self::speaker::SpeakerEncoder;
 use self::tokenizer::TokenizerEncoder;
 use crate::codec::{
     ACT_NONE, Batch, EPI_NONE, GEMM_THREADS, GemmKernel, GemmParams, SPLIT_COUNTERS,
-    SPLIT_WORKSPACE_FLOATS, TiledGemm, alloc_f32, device_ptr,
+    SPLIT_WORKSPACE_FLOATS, TiledGemm,
 };
-use crate::runtime;
+use crate::runtime::{self, device_ptr, zeros};
 
 /// Edge rows of `gather_rows` (kernels/encoder.cu).
 const PAD_REFLECT: i32 = 0;
@@ -312,7 +312,7 @@ impl Gpu {
             pool: module.load_function("pool_stats")?,
             rvq: module.load_function("rvq_encode")?,
         };
-        let workspace = alloc_f32(&stream, SPLIT_WORKSPACE_FLOATS, "split-depth workspace")?;
+        let workspace = zeros::<f32>(&stream, SPLIT_WORKSPACE_FLOATS, "split-depth workspace")?;
         let counters = stream
             .alloc_zeros::<u32>(SPLIT_COUNTERS)
             .context("allocating split-depth counters")?;
@@ -344,7 +344,7 @@ impl Gpu {
     }
 
     fn rows(&self, width: usize, pad: usize, rows: usize, tail: usize, what: &str) -> Result<Rows> {
-        let buf = alloc_f32(&self.stream, (pad + rows + tail) * width, what)?;
+        let buf = zeros::<f32>(&self.stream, (pad + rows + tail) * width, what)?;
         Ok(Rows {
             base: device_ptr(&buf, &self.stream),
             buf,

@@ -21,8 +21,9 @@ use super::{
     launch_config,
 };
 use crate::codec::{
-    ACT_ELU, ACT_NONE, EPI_GELU, EPI_NONE, EPI_RESIDUAL, Packer, conv_weight, device_ptr, transpose,
+    ACT_ELU, ACT_NONE, EPI_GELU, EPI_NONE, EPI_RESIDUAL, Packer, conv_weight, transpose,
 };
+use crate::runtime::device_ptr;
 
 /// `MimiModel` builds its downsample with stride 2 whatever the rates.
 const DOWNSAMPLE_STRIDE: usize = 2;

@@ -45,6 +45,9 @@ typedef unsigned long long u64;
 #define PH_HEAD 7
 #define PH_SAMPLE 8
 #define PH_TALKER 16
+// Or'ed into a mark recorded once a phase's inputs have all arrived (the phase it belongs to is
+// the next one that ends): the profile splits each phase into its wait and the rest.
+#define PH_WAIT 32
 
 struct LayerW {
   const bf16_t* in_norm;
@@ -109,6 +112,8 @@ struct Params {
   int attention_chunk;            // positions per attention block; 0 = all of a sequence's
   int attn_part_stride;           // floats of attn_part per sequence
   int talker_chunks;              // attention chunks of the talker step (its longest sequence)
+  int stage_base;                 // byte offset of the weight staging area in shared memory
+  int stage_batches;              // batches of BATCH_BYTES a warp stages per matvec (0: none)
   int slot[MAX_B];
   int pos[MAX_B];
   int step[MAX_B];
@@ -124,7 +129,7 @@ struct Params {
 
 // The host mirrors these structs (src/layout.rs); a size mismatch fails the compile.
 static_assert(sizeof(Stack) == 72, "Stack layout changed: update src/layout.rs");
-static_assert(sizeof(Params) == 936, "Params layout changed: update src/layout.rs");
+static_assert(sizeof(Params) == 944, "Params layout changed: update src/layout.rs");
 
 // The thread index, read where it is used: kept out of the compiler's loop-invariant hoisting,
 // whose long-lived copies of index arithmetic would otherwise spill registers.
@@ -302,35 +307,15 @@ __device__ __forceinline__ void end_phase(const Params& p, int phase) {
   if (p.marks && bid() == 0 && tid() == 0) record_mark(p.marks, p.max_marks, phase);
 }
 
-__device__ float block_sum(float v, float* red) {
-  v = warp_sum(v);
-  const int warp = tid() >> 5, lane = tid() & 31;
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  float t = 0.f;
-#pragma unroll
-  for (int i = 0; i < WARPS; i++) t += red[i];
-  __syncthreads();
-  return t;
+// The profile mark of a phase's inputs having arrived (called after the barrier that follows
+// the block's last wait).
+__device__ __forceinline__ void inputs_arrived(const Params& p) {
+  if (p.marks && bid() == 0 && tid() == 0) record_mark(p.marks, p.max_marks, PH_WAIT);
 }
 
-// out[b][i] = rmsnorm(src[b]) * w for every batch row; src and out in shared memory (every
-// block that needs the norm computes it: cheaper than an exchange).
-__device__ void rmsnorm_rows(const float* src, int n, const bf16_t* w, float eps, int nb,
-                             float* out, float* red) {
-  for (int b = 0; b < nb; b++) {
-    const float* s = src + b * n;
-    float ss = 0.f;
-    for (int i = tid(); i < n; i += THREADS) ss += s[i] * s[i];
-    const float total = block_sum(ss, red);
-    const float r = rsqrtf(total / (float)n + eps);
-    for (int i = tid(); i < n; i += THREADS) out[b * n + i] = bf2f(w[i]) * (s[i] * r);
-  }
-  __syncthreads();
-}
-
-// x of every sequence (its first n elements) into out ([nb][n], shared memory).
-__device__ void collect_x(const Params& p, int in, int nb, int n, float* out) {
+// x of every sequence (its first n elements) into out ([nb][n], shared memory); a thread's
+// elements are i = tid + j * THREADS (collect's), and the caller synchronises the block.
+__device__ void collect_x_rows(const Params& p, int in, int nb, int n, float* out) {
   const int H = p.talker.hidden;
   for (int b = 0; b < nb; b++) {
     float* o = out + b * n;
@@ -340,6 +325,54 @@ __device__ void collect_x(const Params& p, int in, int nb, int n, float* out) {
       const float* src = in == X_PAST ? p.past_hidden + (size_t)p.slot[b] * H
                                       : p.x + (size_t)b * p.max_hidden;
       for (int i = tid(); i < n; i += THREADS) o[i] = src[i];
+    }
+  }
+}
+
+__device__ void collect_x(const Params& p, int in, int nb, int n, float* out) {
+  collect_x_rows(p, in, nb, n, out);
+  __syncthreads();
+}
+
+// Norm weights a thread holds (its elements of the widest hidden, 2,048).
+#define NORM_REGS 4
+
+// x of every sequence into xr ([nb][n]) and rmsnorm(x) * w into xs (every block that needs the
+// norm computes it: cheaper than an exchange). The weights are loaded before the words are
+// awaited, and each thread squares and scales the elements it collected itself, so that one
+// barrier (the sums of squares) stands between the last word's arrival and the normed rows.
+__device__ void collect_x_norm(const Params& p, int in, int nb, int n, const bf16_t* w, float eps,
+                               float* xr, float* xs) {
+  const int warp = tid() >> 5, lane = tid() & 31;
+  float* red = sm_red(p);  // [MAX_B][WARPS]: over the reduction ints too, unused here
+  float wv[NORM_REGS];
+#pragma unroll
+  for (int j = 0; j < NORM_REGS; j++) {
+    const int i = tid() + j * THREADS;
+    wv[j] = i < n ? bf2f(w[i]) : 0.f;
+  }
+  collect_x_rows(p, in, nb, n, xr);
+  for (int b = 0; b < nb; b++) {
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < NORM_REGS; j++) {
+      const int i = tid() + j * THREADS;
+      if (i < n) ss += xr[b * n + i] * xr[b * n + i];
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) red[b * WARPS + warp] = ss;
+  }
+  __syncthreads();
+  inputs_arrived(p);
+  for (int b = 0; b < nb; b++) {
+    float total = 0.f;
+#pragma unroll
+    for (int k = 0; k < WARPS; k++) total += red[b * WARPS + k];
+    const float r = rsqrtf(total / (float)n + eps);
+#pragma unroll
+    for (int j = 0; j < NORM_REGS; j++) {
+      const int i = tid() + j * THREADS;
+      if (i < n) xs[b * n + i] = wv[j] * (xr[b * n + i] * r);
     }
   }
   __syncthreads();
@@ -371,82 +404,168 @@ __device__ __forceinline__ void pair_barrier() {
 // Whether this block computes any of `tasks` tasks.
 __device__ __forceinline__ bool has_rows(int tasks) { return bid() < tasks; }
 
-// 16-byte weight chunks a lane loads before it uses the first.
+// 16-byte weight chunks a lane takes per batch of a warp's weight stream.
 #define MATVEC_DEPTH 4
-
-// The first MATVEC_DEPTH chunks (per lane) of a warp's first row of a matvec. Weights depend on
-// nothing, so a phase loads them before it awaits its inputs: their memory round trip overlaps
-// the wait instead of following it. Volatile keeps the loads there.
-struct FirstChunks {
-  uint4 w[MATVEC_DEPTH];
-};
+#define BATCH_CHUNKS (32 * MATVEC_DEPTH)
+#define BATCH_BYTES (16 * BATCH_CHUNKS)
 
 // The row a warp takes of task t: with split 2 and a pair, the odd warp takes the second row.
 __device__ __forceinline__ int split_row(int t, int split, int pair) {
   return t < 0 || split == 1 ? t : t + ((tid() >> 5) & 1) * pair;
 }
 
-__device__ FirstChunks first_chunks(const bf16_t* W, int rows, int K, int split = 1,
-                                    int pair = 0) {
-  FirstChunks f;
-  const int r = split_row(warp_task(0, rows, split), split, pair), lane = tid() & 31;
-  const int2 c = warp_chunks(K >> 3, pair > 0 ? 1 : split);
-  const uint4* wr = reinterpret_cast<const uint4*>(W + (size_t)(r < 0 ? 0 : r) * K);
-#pragma unroll
-  for (int j = 0; j < MATVEC_DEPTH; j++) {
-    f.w[j] = make_uint4(0u, 0u, 0u, 0u);
-    if (r >= 0 && c.x + lane + 32 * j < c.y)
-      asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                   : "=r"(f.w[j].x), "=r"(f.w[j].y), "=r"(f.w[j].z), "=r"(f.w[j].w)
-                   : "l"(wr + c.x + lane + 32 * j));
+// ---------------------------------------------------------------------------------------------
+// weight staging: a matvec's weights in shared memory, requested before its inputs are awaited
+//
+// Weights depend on nothing, so a phase requests its warps' whole share of them (the first
+// Params::stage_batches batches of each warp's stream, as matvec_tasks walks it) before it awaits
+// its inputs: one bulk copy (TMA) per batch into the warp's slice of the staging area, all
+// completing one mbarrier per warp. Their memory round trip then overlaps the wait, and no
+// batch waits for the one before it. Staging is per phase, not further ahead: traffic issued
+// earlier delays the exchanges of the phases in between (kernel notes, versions 1.2-1.4).
+//
+// The staging area (at byte Params::stage_base of the dynamic shared memory): WARPS mbarriers,
+// WARPS use counts (a barrier's phase parity), padding to 256 bytes, then WARPS slices of
+// stage_batches * BATCH_BYTES.
+__device__ __forceinline__ u32 smem_addr(const void* ptr) {
+  u32 a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(ptr));
+  return a;
+}
+__device__ __forceinline__ u64* stage_bars(const Params& p) {
+  return reinterpret_cast<u64*>(reinterpret_cast<unsigned char*>(smem) + p.stage_base);
+}
+__device__ __forceinline__ u32* stage_uses(const Params& p) {
+  return reinterpret_cast<u32*>(stage_bars(p) + WARPS);
+}
+__device__ __forceinline__ const uint4* stage_slice(const Params& p, int warp) {
+  return reinterpret_cast<const uint4*>(reinterpret_cast<unsigned char*>(smem) + p.stage_base +
+                                        256 + warp * p.stage_batches * BATCH_BYTES);
+}
+
+// Kernel entry: every warp's barrier and use count.
+__device__ void stage_start(const Params& p) {
+  const int warp = tid() >> 5;
+  if ((tid() & 31) == 0 && p.stage_batches > 0) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(stage_bars(p) + warp))
+                 : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    stage_uses(p)[warp] = 0;
   }
-  return f;
+  __syncthreads();
+}
+
+// What a warp staged for one matvec: `batches` of its stream, on its barrier's phase `parity`.
+struct Staged {
+  int batches;
+  u32 parity;
+};
+
+// Stages the first batches of this warp's stream of a matvec (the same W, tasks, K, split and
+// pair as the matvec_tasks call it is for); lane 0 issues the copies.
+__device__ Staged stage_rows(const Params& p, const bf16_t* W, int tasks, int K, int split = 1,
+                             int pair = 0) {
+  const int warp = tid() >> 5;
+  const int2 c = warp_chunks(K >> 3, pair > 0 ? 1 : split);
+  int n = 0;
+  u32 parity = 0;
+  if ((tid() & 31) == 0 && p.stage_batches > 0) {
+    const u32 bar = smem_addr(stage_bars(p) + warp);
+    const u32 dst = smem_addr(stage_slice(p, warp));
+    // the slice's last reads (generic proxy) come before these writes (async proxy)
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    for (int q = 0; n < p.stage_batches; q++) {
+      const int r = split_row(warp_task(q, tasks, split), split, pair);
+      if (r < 0) break;
+      for (int b0 = c.x; b0 < c.y && n < p.stage_batches; b0 += BATCH_CHUNKS, n++) {
+        const u32 bytes = 16u * (u32)min(BATCH_CHUNKS, c.y - b0);
+        const bf16_t* src = W + (size_t)r * K + (size_t)b0 * 8;
+        asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(bar),
+                     "r"(bytes)
+                     : "memory");
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+            "[%3];" ::"r"(dst + (u32)n * BATCH_BYTES),
+            "l"(src), "r"(bytes), "r"(bar)
+            : "memory");
+      }
+    }
+    if (n > 0) {
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+      parity = stage_uses(p)[warp] & 1u;
+      stage_uses(p)[warp] += 1;
+    }
+  }
+  return Staged{__shfl_sync(0xffffffffu, n, 0), __shfl_sync(0xffffffffu, parity, 0)};
+}
+
+// Waits until the warp's staged batches have landed.
+__device__ __forceinline__ void await_staged(const Params& p, const Staged& st) {
+  if (st.batches == 0) return;
+  const u32 bar = smem_addr(stage_bars(p) + (tid() >> 5));
+  u32 done = 0;
+  while (!done)
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, "
+        "p; }"
+        : "=r"(done)
+        : "r"(bar), "r"(st.parity)
+        : "memory");
 }
 
 // Every warp of the grid takes whole tasks: task t is output row t, y[b][t] = W[t] . xs[b], and
 // with `pair` > 0 also row t + pair (gate and up rows of one SiLU * up output; pairs need SPLIT
 // 2); tasks are dealt by warp_task. K must be a multiple of 8 (16-byte weight loads). A warp
-// walks the batches of MATVEC_DEPTH chunks per lane of all its rows as one stream and loads the
-// next batch (of the same row or of its next row) before it uses the current one, so that a
-// warp's rows do not each wait a memory round trip; the first batch is `first` (first_chunks of
-// the same W, tasks, K, split and pair). Each row's sum runs over its chunks in order.
+// walks the batches of MATVEC_DEPTH chunks per lane of all its rows as one stream: the first
+// `st` (stage_rows of the same W, tasks, K, split and pair) from its staging slice, the rest (a
+// stream longer than the slice) from memory, each loaded before the current batch is used, so
+// that they do not each wait a memory round trip. Each row's sum runs over its chunks in order.
 // `emit(b, t, y_t, y_t+pair)` (the second 0 without a pair) is called by lane 0. With SPLIT 2,
 // warp_task's pairs of warps share each task (half of K each, or with a pair one row each): the
 // odd warp hands its sum to the even one through `pair_sums` (2 * WARPS * MAX_B shared words;
 // the host sizes the work area for them), which adds it to its own (or takes it as the pair's
 // second row) and emits.
 template <int SPLIT = 1, typename Emit>
-__device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const float* xs, int nb,
-                             const FirstChunks& first, Emit emit, float* pair_sums = nullptr) {
+__device__ void matvec_tasks(const Params& p, const bf16_t* W, int tasks, int pair, int K,
+                             const float* xs, int nb, const Staged& st, Emit emit,
+                             float* pair_sums = nullptr) {
   const int lane = tid() & 31;
   const int2 c = warp_chunks(K >> 3, pair > 0 ? 1 : SPLIT);
   const int k8 = c.y;  // the warp's chunks of a row end here
   // the warp's q-th row, or -1
   auto row_of = [&](int q) { return split_row(warp_task(q, tasks, SPLIT), SPLIT, pair); };
-  auto load = [&](uint4* w, int r, int b0) {
-    const uint4* wr = reinterpret_cast<const uint4*>(W + (size_t)(r < 0 ? 0 : r) * K);
+  // batch k of the stream: row r's chunks from b0
+  auto load = [&](uint4* w, int k, int r, int b0) {
+    if (k < st.batches) {
+      const uint4* staged = stage_slice(p, tid() >> 5) + k * BATCH_CHUNKS;
 #pragma unroll
-    for (int j = 0; j < MATVEC_DEPTH; j++) {
-      const int i = b0 + lane + 32 * j;
-      w[j] = r >= 0 && i < k8 ? ld_weights(wr + i) : make_uint4(0u, 0u, 0u, 0u);
+      for (int j = 0; j < MATVEC_DEPTH; j++)
+        w[j] = r >= 0 && b0 + lane + 32 * j < k8 ? staged[lane + 32 * j] : make_uint4(0u, 0u, 0u, 0u);
+    } else {
+      const uint4* wr = reinterpret_cast<const uint4*>(W + (size_t)(r < 0 ? 0 : r) * K);
+#pragma unroll
+      for (int j = 0; j < MATVEC_DEPTH; j++) {
+        const int i = b0 + lane + 32 * j;
+        w[j] = r >= 0 && i < k8 ? ld_weights(wr + i) : make_uint4(0u, 0u, 0u, 0u);
+      }
     }
   };
   float acc[MAX_B];
 #pragma unroll
   for (int b = 0; b < MAX_B; b++) acc[b] = 0.f;
+  int k = 0, q = 0, r = row_of(0), b0 = c.x;  // b0: the batch's first chunk, the same for the warp
+  await_staged(p, st);
   uint4 cur[MATVEC_DEPTH];
-#pragma unroll
-  for (int j = 0; j < MATVEC_DEPTH; j++) cur[j] = first.w[j];
-  int q = 0, r = row_of(0), b0 = c.x;  // b0: the batch's first chunk, the same for the warp
+  load(cur, k, r, b0);
   while (r >= 0) {
-    int nq = q, nr = r, nb0 = b0 + 32 * MATVEC_DEPTH;
+    int nq = q, nr = r, nb0 = b0 + BATCH_CHUNKS;
     if (nb0 >= k8) {
       nq = q + 1;
       nr = row_of(nq);
       nb0 = c.x;
     }
     uint4 nxt[MATVEC_DEPTH];
-    load(nxt, nr, nb0);
+    load(nxt, k + 1, nr, nb0);
 #pragma unroll
     for (int j = 0; j < MATVEC_DEPTH; j++) {
       const int i = b0 + lane + 32 * j;
@@ -495,6 +614,7 @@ __device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const 
     }
 #pragma unroll
     for (int j = 0; j < MATVEC_DEPTH; j++) cur[j] = nxt[j];
+    k++;
     q = nq;
     r = nr;
     b0 = nb0;
@@ -502,9 +622,9 @@ __device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const 
 }
 
 template <typename Emit>
-__device__ void matvec(const bf16_t* W, int rows, int K, const float* xs, int nb,
-                       const FirstChunks& first, Emit emit) {
-  matvec_tasks(W, rows, 0, K, xs, nb, first, [&](int b, int r, float v, float) { emit(b, r, v); });
+__device__ void matvec(const Params& p, const bf16_t* W, int rows, int K, const float* xs, int nb,
+                       const Staged& st, Emit emit) {
+  matvec_tasks(p, W, rows, 0, K, xs, nb, st, [&](int b, int r, float v, float) { emit(b, r, v); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -584,6 +704,12 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
       }
       const u64* src = warp == 0 ? qkv + q_width + g * hd : qkv + (g * gs + warp - 1) * hd;
       const bf16_t* nw = warp == 0 ? lw.k_norm : lw.q_norm;
+      float nwv[HEAD_REGS];  // the norm's weights: loaded before the wait, as the rotation
+#pragma unroll
+      for (int j = 0; j < HEAD_REGS; j++) {
+        const int i = lane + 32 * j;
+        nwv[j] = i < hd ? bf2f(nw[i]) : 0.f;
+      }
       float xv[HEAD_REGS];
       await_head(src, hd, t_qkv, xv);
       float ss = 0.f;
@@ -595,7 +721,7 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
 #pragma unroll
       for (int j = 0; j < HEAD_REGS; j++) {
         const int i = lane + 32 * j;
-        if (i < hd) v[i] = bf2f(nw[i]) * (xv[j] * r);
+        if (i < hd) v[i] = nwv[j] * (xv[j] * r);
       }
       __syncwarp();
 #pragma unroll
@@ -622,6 +748,7 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
         if (lane + 32 * j < hd) vc[(size_t)pos * hd + lane + 32 * j] = vv[j];
     }
     __syncthreads();
+    if (task == bid()) inputs_arrived(p);
     for (int q0 = 0; q0 < gs; q0 += HEADS_PER_PASS) {
       const int nq = gs - q0 < HEADS_PER_PASS ? gs - q0 : HEADS_PER_PASS;
       float m[HEADS_PER_PASS], l[HEADS_PER_PASS], acc[HEADS_PER_PASS][HEAD_REGS];
@@ -749,16 +876,17 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
 // collect the input words (K per sequence, row stride `stride`, tag `tag_in`) and publish
 // x + W . input as the x words of buffer 0 at exchange `ex_out`.
 __device__ void residual_product(const Params& p, int H, const bf16_t* W, int K, const u64* in,
-                                 int stride, u32 tag_in, int nb, const FirstChunks& first,
+                                 int stride, u32 tag_in, int nb, const Staged& st,
                                  int ex_out) {
   float* xs = sm_xs();
   const float* xr = sm_xr(p);
   if (has_rows(H)) {
     for (int b = 0; b < nb; b++) collect(in + (size_t)b * stride, K, tag_in, xs + b * K);
     __syncthreads();
+    inputs_arrived(p);
   }
   matvec_tasks<2>(
-      W, H, 0, K, xs, nb, first,
+      p, W, H, 0, K, xs, nb, st,
       [&](int b, int r, float v, float) {
         publish(x_buffer(p, 0) + (size_t)b * p.max_hidden + r, xr[b * H + r] + v,
                 tag_of(p, ex_out));
@@ -769,12 +897,12 @@ __device__ void residual_product(const Params& p, int H, const bf16_t* W, int K,
 // One decoder layer for nb single-token rows from the input x `in`; its exchanges are numbered
 // from `ex` (LX_*), its output is the x words of buffer 0 at ex + LX_DOWN. `step` is the
 // predictor pass, or -1 for the talker. Each matvec's first weights are loaded before its
-// inputs are awaited (`first_qkv`: by the layer before; the next layer's are returned). `xr`
+// inputs are awaited (`staged_qkv`: by the layer before; the next layer's are returned). `xr`
 // ([nb][H], shared) holds the block's copy of the raw x rows: the blocks owning residual rows
 // (those with o and down rows, the same rows) add their products to it.
-__device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int layer, int nb,
+__device__ Staged layer_step(const Params& p, const Stack& s, int step, int layer, int nb,
                                   const int* cache_idx, const int* pos_of, int in, int ex,
-                                  FirstChunks first_qkv) {
+                                  Staged staged_qkv) {
   float* xs = sm_xs();
   float* xr = sm_xr(p);
   const int stack = step < 0 ? PH_TALKER : 0;  // profile tag
@@ -785,11 +913,8 @@ __device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int
   // checks rows >= H and inter >= H, so they have xr for their residual products)
 
   // input norm, q|k|v
-  if (has_rows(rows)) {
-    collect_x(p, in, nb, H, xr);
-    rmsnorm_rows(xr, H, lw.in_norm, s.eps, nb, xs, sm_red(p));
-  }
-  matvec(lw.qkv, rows, H, xs, nb, first_qkv, [&](int b, int r, float v) {
+  if (has_rows(rows)) collect_x_norm(p, in, nb, H, lw.in_norm, s.eps, xr, xs);
+  matvec(p, lw.qkv, rows, H, xs, nb, staged_qkv, [&](int b, int r, float v) {
     publish(p.qkv + (size_t)b * p.max_qkv + r, v, tag_of(p, ex + LX_QKV));
   });
   end_phase(p, stack | PH_QKV);
@@ -798,19 +923,16 @@ __device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int
             tag_of(p, ex + LX_ATTN));
   end_phase(p, stack | PH_ATTENTION);
 
-  FirstChunks first = first_chunks(lw.o, H, qw, 2);
-  residual_product(p, H, lw.o, qw, p.attn, p.max_q, tag_of(p, ex + LX_ATTN), nb, first,
+  Staged st = stage_rows(p, lw.o, H, qw, 2);
+  residual_product(p, H, lw.o, qw, p.attn, p.max_q, tag_of(p, ex + LX_ATTN), nb, st,
                    ex + LX_O);
   end_phase(p, stack | PH_O);
 
   // post-attention norm, gate and up rows in pairs: SiLU(gate) * up
-  first = first_chunks(lw.gate_up, inter, H, 2, inter);
-  if (has_rows(inter)) {
-    collect_x(p, x_words(0, ex + LX_O), nb, H, xr);
-    rmsnorm_rows(xr, H, lw.post_norm, s.eps, nb, xs, sm_red(p));
-  }
+  st = stage_rows(p, lw.gate_up, inter, H, 2, inter);
+  if (has_rows(inter)) collect_x_norm(p, x_words(0, ex + LX_O), nb, H, lw.post_norm, s.eps, xr, xs);
   matvec_tasks<2>(
-      lw.gate_up, inter, inter, H, xs, nb, first,
+      p, lw.gate_up, inter, inter, H, xs, nb, st,
       [&](int b, int t, float gt, float up) {
         publish(p.act + (size_t)b * p.max_inter + t, gt / (1.f + expf(-gt)) * up,
                 tag_of(p, ex + LX_ACT));
@@ -818,23 +940,22 @@ __device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int
       sm_work(p));
   end_phase(p, stack | PH_GATE_UP);
 
-  first = first_chunks(lw.down, H, inter, 2);
-  residual_product(p, H, lw.down, inter, p.act, p.max_inter, tag_of(p, ex + LX_ACT), nb, first,
+  st = stage_rows(p, lw.down, H, inter, 2);
+  residual_product(p, H, lw.down, inter, p.act, p.max_inter, tag_of(p, ex + LX_ACT), nb, st,
                    ex + LX_DOWN);
   end_phase(p, stack | PH_DOWN);
-  if (layer + 1 < s.n_layers) first = first_chunks(s.layers[layer + 1].qkv, rows, H);
-  return first;
+  return layer + 1 < s.n_layers ? stage_rows(p, s.layers[layer + 1].qkv, rows, H) : Staged{0, 0u};
 }
 
 // Every layer of a stack; the first reads `in`, the exchanges are numbered from `ex`.
 __device__ void stack_step(const Params& p, const Stack& s, int step, int nb, const int* cache_idx,
                            const int* pos_of, int in, int ex) {
-  FirstChunks first_qkv = first_chunks(s.layers[0].qkv, s.qkv_rows(), s.hidden);
+  Staged staged_qkv = stage_rows(p, s.layers[0].qkv, s.qkv_rows(), s.hidden);
   for (int layer = 0; layer < s.n_layers; layer++) {
     const int lx = ex + LAYER_EXCHANGES * layer;
-    first_qkv = layer_step(p, s, step, layer, nb, cache_idx, pos_of,
+    staged_qkv = layer_step(p, s, step, layer, nb, cache_idx, pos_of,
                            layer == 0 ? in : x_words(0, lx - LAYER_EXCHANGES + LX_DOWN), lx,
-                           first_qkv);
+                           staged_qkv);
   }
 }
 
@@ -860,18 +981,9 @@ __device__ uint4 philox(uint4 c, u32 k0, u32 k1) {
   return c;
 }
 
-// Returns the index of the largest key (lowest index on ties), over n values in shared memory.
-__device__ int block_argmax(const float* v, int n, float* redf, int* redi) {
+// The block's largest value (lowest index on ties) from each thread's best candidate.
+__device__ int block_argmax_of(float best, int bi, float* redf, int* redi) {
   const int warp = tid() >> 5, lane = tid() & 31;
-  float best = NEG_INF;
-  int bi = 0x7fffffff;
-  for (int i = tid(); i < n; i += THREADS) {
-    const float x = v[i];
-    if (x > best || (x == best && i < bi)) {
-      best = x;
-      bi = i;
-    }
-  }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const float ob = __shfl_xor_sync(0xffffffffu, best, o);
@@ -897,18 +1009,31 @@ __device__ int block_argmax(const float* v, int n, float* redf, int* redi) {
   return bi == 0x7fffffff ? 0 : bi;
 }
 
+// Returns the index of the largest key (lowest index on ties), over n values in shared memory.
+__device__ int block_argmax(const float* v, int n, float* redf, int* redi) {
+  float best = NEG_INF;
+  int bi = 0x7fffffff;
+  for (int i = tid(); i < n; i += THREADS) {
+    const float x = v[i];
+    if (x > best || (x == best && i < bi)) {
+      best = x;
+      bi = i;
+    }
+  }
+  return block_argmax_of(best, bi, redf, redi);
+}
+
 // The k-th largest value's ordered key (radix select, 8 bits per round). Logits mostly share
 // their high bits, so one shared-memory atomic per element would serialise on a single bin:
 // the lanes of a warp that fall in the same bin add once, with their count. Warp 0 then finds
-// the digit holding the k-th key with a scan over the histogram from the highest digit down.
-// `state` holds 2 words.
+// the digit holding the k-th key with a scan over the histogram from the highest digit down,
+// and zeroes the bins it has read for the next round. `hist` is zero on entry (the caller clears
+// it before the barrier that follows its logits); `state` holds 2 words.
 __device__ u32 kth_largest_key(const float* v, int n, int k, u32* hist, u32* state) {
   const int lane = tid() & 31;
   u32 prefix = 0, mask = 0;
   int remaining = k;
   for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int i = tid(); i < 256; i += THREADS) hist[i] = 0;
-    __syncthreads();
     for (int base = tid() - lane; base < n; base += THREADS) {
       const int i = base + lane;
       u32 bin = 256;  // not counted this round
@@ -946,12 +1071,15 @@ __device__ u32 kth_largest_key(const float* v, int n, int k, u32* hist, u32* sta
         state[0] = (u32)digit;
         state[1] = (u32)(remaining - (int)cum);
       }
+#pragma unroll
+      for (int d = 0; d < 8; d++) hist[top - d] = 0;
     }
     __syncthreads();
     prefix |= state[0] << shift;
     mask |= 255u << shift;
     remaining = (int)state[1];
-    // the next round's histogram writes come after a barrier every thread passes after this read
+    // the next round's state is written after the barrier that follows its histogram, which
+    // every thread passes after this read
   }
   return prefix;
 }
@@ -1021,30 +1149,43 @@ __device__ void top_p_filter(float* v, int n, u32 threshold, float top_p, u32* c
   __syncthreads();
 }
 
-// Temperature, top-k, top-p, then a categorical draw (Gumbel-max over the kept logits), or
-// argmax. `v` holds the processed logits in shared memory and is overwritten; `hist` has
-// HIST_WORDS words and `scratch` 2n (top-p only).
+// Top-k, top-p, then a categorical draw (Gumbel-max over the kept logits: each has its own
+// uniform per (index, stream)), or argmax. `v` holds the processed logits in shared memory,
+// already divided by the temperature when sampling, and top-p overwrites it; `hist` has
+// HIST_WORDS words, its 256 bins zero, and `scratch` 2n (top-p only).
 __device__ int sample_logits(float* v, int n, const Sampler& sp, u32 seed_lo, u32 seed_hi,
                              u32 stream_a, u32 stream_b, float* redf, int* redi, u32* hist,
                              float* scratch) {
   if (!sp.do_sample) return block_argmax(v, n, redf, redi);
-  for (int i = tid(); i < n; i += THREADS) v[i] = v[i] / sp.temperature;
-  __syncthreads();
   u32 threshold = 0;
   if (sp.top_k > 0 && sp.top_k < n) threshold = kth_largest_key(v, n, sp.top_k, hist, hist + 256);
   if (sp.top_p < 1.f) top_p_filter(v, n, threshold, sp.top_p, hist, scratch);
+  float best = NEG_INF;
+  int bi = 0x7fffffff;
   for (int i = tid(); i < n; i += THREADS) {
     const float x = v[i];
-    if (ordered_key(x) < threshold || x == NEG_INF) {
-      v[i] = NEG_INF;
-    } else {
+    // a dropped logit counts as -inf (a kept one plus its noise is finite); the noise is drawn
+    // for the kept ones only
+    float y = NEG_INF;
+    if (ordered_key(x) >= threshold && x != NEG_INF) {
       const uint4 r = philox(make_uint4((u32)i, stream_a, stream_b, 0x766f78u), seed_lo, seed_hi);
       const float u = ((float)(r.x >> 8) + 0.5f) * (1.0f / 16777216.0f);
-      v[i] = x - logf(-logf(u));
+      y = x - logf(-logf(u));
+    }
+    if (y > best || (y == best && i < bi)) {
+      best = y;
+      bi = i;
     }
   }
-  __syncthreads();
-  return block_argmax(v, n, redf, redi);
+  return block_argmax_of(best, bi, redf, redi);
+}
+
+// The sampling area of `work`: the logits (n), then the radix histogram, cleared here (before the
+// barrier that follows the logits' arrival) for kth_largest_key.
+__device__ __forceinline__ u32* clear_histogram(float* work, int n) {
+  u32* hist = reinterpret_cast<u32*>(work + n);
+  for (int i = tid(); i < 256; i += THREADS) hist[i] = 0;
+  return hist;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1064,16 +1205,17 @@ __device__ int sample_talker(const Params& p, int b, u32 t_logits, float* work, 
   unsigned char* seen = p.seen + (size_t)slot * V;
   const Sampler& sp = p.talker_sampler[b];
   float* v = work;
-  u32* hist = reinterpret_cast<u32*>(work + V);
   if (p.mode == MODE_FRAME && tid() == 0) seen[p.c0[b]] = 1;
+  u32* hist = clear_histogram(work, V);
   collect(p.logits + (size_t)b * logits_stride(p), V, t_logits, v);
-  __syncthreads();
+  __syncthreads();  // (also orders seen[c0] before its reader)
+  inputs_arrived(p);
   for (int i = tid(); i < V; i += THREADS) {
     float x = v[i];
     if (seen[i]) x = x < 0.f ? x * sp.repetition_penalty : x / sp.repetition_penalty;
     if (i == p.eos_id && p.n_sampled[b] < 2) x = NEG_INF;
     if (i >= V - 1024 && i != p.eos_id) x = NEG_INF;
-    v[i] = x;
+    v[i] = sp.do_sample ? x / sp.temperature : x;
   }
   __syncthreads();
   return sample_logits(v, V, sp, p.seed_lo[b], p.seed_hi[b], (u32)p.n_sampled[b], 0u, redf, redi,
@@ -1083,12 +1225,18 @@ __device__ int sample_talker(const Params& p, int b, u32 t_logits, float* work, 
 __device__ int sample_sub(const Params& p, int b, int group, u32 t_logits, float* work,
                           float* redf, int* redi) {
   const int V = p.cp_vocab;
+  const Sampler& sp = p.sub_sampler[b];
   float* v = work;
-  u32* hist = reinterpret_cast<u32*>(work + V);
+  u32* hist = clear_histogram(work, V);
   collect(p.logits + (size_t)b * logits_stride(p), V, t_logits, v);
+  // the temperature: each thread divides the logits it collected itself (collect's i = tid + j *
+  // THREADS), before the barrier
+  if (sp.do_sample)
+    for (int i = tid(); i < V; i += THREADS) v[i] = v[i] / sp.temperature;
   __syncthreads();
-  return sample_logits(v, V, p.sub_sampler[b], p.seed_lo[b], p.seed_hi[b], (u32)p.n_sampled[b],
-                       (u32)group, redf, redi, hist, work + V + HIST_WORDS);
+  inputs_arrived(p);
+  return sample_logits(v, V, sp, p.seed_lo[b], p.seed_hi[b], (u32)p.n_sampled[b], (u32)group,
+                       redf, redi, hist, work + V + HIST_WORDS);
 }
 
 // With a small_to_mtp_projection, the code predictor's input x is the projection of the
@@ -1097,10 +1245,13 @@ __device__ int cp_input(const Params& p, int nb, int in, int ex) {
   if (!p.proj_w) return in;
   const int H = p.talker.hidden, rows = p.cp.hidden;
   const bf16_t* bias = p.proj_b;
-  const FirstChunks first = first_chunks(p.proj_w, rows, H);
+  const Staged st = stage_rows(p, p.proj_w, rows, H);
   float* xs = sm_xs();
-  if (has_rows(rows)) collect_x(p, in, nb, H, xs);
-  matvec(p.proj_w, rows, H, xs, nb, first, [&](int b, int r, float v) {
+  if (has_rows(rows)) {
+    collect_x(p, in, nb, H, xs);
+    inputs_arrived(p);
+  }
+  matvec(p, p.proj_w, rows, H, xs, nb, st, [&](int b, int r, float v) {
     publish(x_buffer(p, 1) + (size_t)b * p.max_hidden + r, v + bf2f(bias[r]), tag_of(p, ex));
   });
   end_phase(p, PH_INPUT);
@@ -1116,14 +1267,11 @@ __device__ __forceinline__ const bf16_t* cp_embedding_row(const Params& p, int t
 // the logits words of exchange `ex`, and into copy_of[b] too when copy_of is given.
 __device__ void norm_and_head(const Params& p, const Stack& s, const bf16_t* head, int vocab,
                               float* const* copy_of, int nb, int in, int ex) {
-  const FirstChunks first = first_chunks(head, vocab, s.hidden);
+  const Staged st = stage_rows(p, head, vocab, s.hidden);
   float* xs = sm_xs();
-  if (has_rows(vocab)) {
-    collect_x(p, in, nb, s.hidden, sm_xr(p));
-    rmsnorm_rows(sm_xr(p), s.hidden, s.final_norm, s.eps, nb, xs, sm_red(p));
-  }
+  if (has_rows(vocab)) collect_x_norm(p, in, nb, s.hidden, s.final_norm, s.eps, sm_xr(p), xs);
   const int stride = logits_stride(p);
-  matvec(head, vocab, s.hidden, xs, nb, first, [&](int b, int r, float v) {
+  matvec(p, head, vocab, s.hidden, xs, nb, st, [&](int b, int r, float v) {
     publish(p.logits + (size_t)b * stride + r, v, tag_of(p, ex));
     if (copy_of) copy_of[b][r] = v;
   });
@@ -1189,13 +1337,14 @@ __device__ void code_predictor(const Params& p, int nb) {
         p.codes[b * CODE_WORDS + OWN + step] = own;
         if (step == 1) p.codes[b * CODE_WORDS] = p.c0[b];
       }
-      __syncthreads();
+      // (every thread has the code: the sampler's shared memory is free once it returns)
       u64* dst = next + (size_t)b * max_hidden;
-      if (step + 1 < p.groups)
+      if (step + 1 < p.groups) {
         publish_row(dst, cp_embedding_row(p, step - 1, code), H, t_next);
-      else
+      } else {
+        __syncthreads();  // frame_embedding reads the codes thread 0 wrote
         frame_embedding(p, b, dst, t_next);
-      __syncthreads();
+      }
     }
     end_phase(p, PH_SAMPLE);
   }
@@ -1203,6 +1352,7 @@ __device__ void code_predictor(const Params& p, int nb) {
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) frame_kernel(const Params p) {
   if (p.marks && bid() == 0 && tid() == 0) record_mark(p.marks, p.max_marks, PH_START);
+  stage_start(p);
   const int nb = p.batch;
   const int H = p.talker.hidden;
   const int tx = talker_exchange(p), head_ex = tx + LAYER_EXCHANGES * p.talker.n_layers;

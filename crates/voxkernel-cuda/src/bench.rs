@@ -17,7 +17,7 @@ use voxkernel_core::prompt::{PromptPlan, PromptRequest, TextIds, TextMode, Voice
 use voxkernel_core::sampling::{SamplerParams, SamplingConfig};
 
 use crate::backend::PhaseMark;
-use crate::layout::{PHASE_NAMES, PHASE_TALKER};
+use crate::layout::{PHASE_NAMES, PHASE_TALKER, PHASE_WAIT, WAIT_NAMES};
 use crate::{CudaBackend, CudaOptions};
 
 /// Device-to-device copy bandwidth in GB/s over `bytes`-sized buffers, counting bytes read and
@@ -69,7 +69,8 @@ impl Default for FrameBench {
 pub struct PhaseTime {
     /// "predictor" or "talker".
     pub stack: &'static str,
-    /// A `layout::PHASE_NAMES` entry.
+    /// A `layout::PHASE_NAMES` entry, or a `layout::WAIT_NAMES` one: the part of that phase spent
+    /// waiting for its inputs (the rest is under its own name).
     pub phase: &'static str,
     /// Phases of this kind per frame.
     pub count: f64,
@@ -95,16 +96,31 @@ impl FrameProfile {
         let mut phases: Vec<PhaseTime> = Vec::new();
         let mut kernel_cycles = 0u64;
         for marks in launches {
-            for pair in marks.windows(2) {
+            // each mark's phase: a wait mark takes the phase of the next mark that ends one
+            let mut owner = vec![0u64; marks.len()];
+            let mut next_end = 0u64;
+            for (i, m) in marks.iter().enumerate().rev() {
+                if m.phase & PHASE_WAIT == 0 {
+                    next_end = m.phase;
+                }
+                owner[i] = next_end | (m.phase & PHASE_WAIT);
+            }
+            for (i, pair) in marks.windows(2).enumerate() {
                 let cycles = pair[1].clock.saturating_sub(pair[0].clock);
                 kernel_cycles += cycles;
-                let stack = if pair[1].phase & PHASE_TALKER != 0 {
+                let tag = owner[i + 1];
+                let stack = if tag & PHASE_TALKER != 0 {
                     "talker"
                 } else {
                     "predictor"
                 };
-                let phase = PHASE_NAMES
-                    .get((pair[1].phase & !PHASE_TALKER) as usize)
+                let names = if tag & PHASE_WAIT != 0 {
+                    &WAIT_NAMES
+                } else {
+                    &PHASE_NAMES
+                };
+                let phase = names
+                    .get((tag & !(PHASE_TALKER | PHASE_WAIT)) as usize)
                     .copied()
                     .unwrap_or("unknown");
                 let us = cycles as f64 / sm_clock_mhz;
@@ -371,5 +387,30 @@ mod tests {
         assert_eq!(get("predictor", "sample").us, 1.0);
         assert_eq!(get("talker", "head").us, 5.0);
         assert_eq!(p.phases.len(), 3);
+    }
+
+    #[test]
+    fn a_wait_mark_splits_off_the_wait_of_the_phase_that_ends_next() {
+        // start, inputs of the predictor's qkv, its end, inputs of the talker's head, its end
+        let launches = vec![vec![
+            mark(0, 0),
+            mark(32, 1000),
+            mark(2, 1500),
+            mark(32, 4000),
+            mark(16 | 7, 4250),
+        ]];
+        let p = FrameProfile::from_marks(&launches, 1000.0);
+        let us = |stack: &str, phase: &str| {
+            p.phases
+                .iter()
+                .find(|t| t.stack == stack && t.phase == phase)
+                .map(|t| t.us)
+        };
+        assert_eq!(us("predictor", "qkv.wait"), Some(1.0));
+        assert_eq!(us("predictor", "qkv"), Some(0.5));
+        assert_eq!(us("talker", "head.wait"), Some(2.5));
+        assert_eq!(us("talker", "head"), Some(0.25));
+        assert_eq!(p.kernel_us, 4.25);
+        assert_eq!(p.phases.len(), 4);
     }
 }

@@ -18,6 +18,10 @@ pub const MODE_HEAD: i32 = 1;
 pub const BLOCK_WARPS: usize = BLOCK_THREADS as usize / 32;
 /// q heads one attention pass serves (`HEADS_PER_PASS` in the kernel).
 pub const HEADS_PER_PASS: usize = 2;
+/// A weight batch a warp stages (`BATCH_BYTES` in the kernel), and the staging area's header
+/// (its mbarriers and use counts, padded).
+pub const STAGE_BATCH_BYTES: usize = 2048;
+pub const STAGE_HEADER_BYTES: usize = 256;
 /// Words after the sampling values in the sampling scratch (`HIST_WORDS` in the kernel).
 pub const HIST_WORDS: usize = 264;
 /// Largest head_dim the attention's registers hold (`MAX_HEAD_DIM` in the kernel).
@@ -40,6 +44,20 @@ pub const PHASE_NAMES: [&str; 9] = [
     "sample",
 ];
 pub const PHASE_TALKER: u64 = 16;
+/// Set on a mark recorded once a phase's inputs have all arrived (`PH_WAIT`): the interval it
+/// ends is the wait of the next phase that ends, named after it with [`WAIT_NAMES`].
+pub const PHASE_WAIT: u64 = 32;
+pub const WAIT_NAMES: [&str; 9] = [
+    "start.wait",
+    "input.wait",
+    "qkv.wait",
+    "attention.wait",
+    "o_proj.wait",
+    "gate_up.wait",
+    "down.wait",
+    "head.wait",
+    "sample.wait",
+];
 
 /// prefill.cu's tile sizes and block shapes (`TILE_F`, `TILE_R`, ... there).
 pub const PREFILL_PIECES: usize = 3;
@@ -146,6 +164,8 @@ pub struct FrameParams {
     pub attention_chunk: i32,
     pub attn_part_stride: i32,
     pub talker_chunks: i32,
+    pub stage_base: i32,
+    pub stage_batches: i32,
     pub slot: [i32; MAX_BATCH],
     pub pos: [i32; MAX_BATCH],
     pub step: [i32; MAX_BATCH],
@@ -267,7 +287,7 @@ mod tests {
             (15 * 8 + 13 * 4_usize).next_multiple_of(8)
         );
         let frame =
-            2 * 72 + 20 * 8 + 18 * 4 + 8 * 4 * MAX_BATCH + 2 * 20 * MAX_BATCH + 17 * 4 * MAX_BATCH;
+            2 * 72 + 20 * 8 + 20 * 4 + 8 * 4 * MAX_BATCH + 2 * 20 * MAX_BATCH + 17 * 4 * MAX_BATCH;
         assert_eq!(
             std::mem::size_of::<FrameParams>(),
             frame.next_multiple_of(8)

@@ -59,10 +59,6 @@ pub struct BenchArgs {
     /// backend's default when absent.
     #[arg(long)]
     attention_chunk: Option<usize>,
-    /// Frame-kernel mode: weight batches (2 KB) each warp stages in shared memory per matvec
-    /// before its inputs arrive; as many as fit when absent (0: none).
-    #[arg(long)]
-    stage_batches: Option<usize>,
     /// Frame-kernel mode: also record this many frames phase by phase and print where their
     /// time goes.
     #[arg(long, default_value_t = 0)]
@@ -85,7 +81,6 @@ fn run_frame_kernel(args: &BenchArgs) -> Result<()> {
         warmup: args.warmup,
         options: CudaOptions {
             attention_chunk: args.attention_chunk.unwrap_or(defaults.attention_chunk),
-            stage_batches: args.stage_batches,
             ..defaults
         },
         profile_frames: args.profile,

@@ -112,8 +112,6 @@ struct Params {
   int attention_chunk;            // positions per attention block; 0 = all of a sequence's
   int attn_part_stride;           // floats of attn_part per sequence
   int talker_chunks;              // attention chunks of the talker step (its longest sequence)
-  int stage_base;                 // byte offset of the weight staging area in shared memory
-  int stage_batches;              // batches of BATCH_BYTES a warp stages per matvec (0: none)
   int slot[MAX_B];
   int pos[MAX_B];
   int step[MAX_B];
@@ -129,7 +127,7 @@ struct Params {
 
 // The host mirrors these structs (src/layout.rs); a size mismatch fails the compile.
 static_assert(sizeof(Stack) == 72, "Stack layout changed: update src/layout.rs");
-static_assert(sizeof(Params) == 944, "Params layout changed: update src/layout.rs");
+static_assert(sizeof(Params) == 936, "Params layout changed: update src/layout.rs");
 
 // The thread index, read where it is used: kept out of the compiler's loop-invariant hoisting,
 // whose long-lived copies of index arithmetic would otherwise spill registers.
@@ -404,168 +402,82 @@ __device__ __forceinline__ void pair_barrier() {
 // Whether this block computes any of `tasks` tasks.
 __device__ __forceinline__ bool has_rows(int tasks) { return bid() < tasks; }
 
-// 16-byte weight chunks a lane takes per batch of a warp's weight stream.
+// 16-byte weight chunks a lane loads before it uses the first.
 #define MATVEC_DEPTH 4
-#define BATCH_CHUNKS (32 * MATVEC_DEPTH)
-#define BATCH_BYTES (16 * BATCH_CHUNKS)
+
+// The first MATVEC_DEPTH chunks (per lane) of a warp's first row of a matvec. Weights depend on
+// nothing, so a phase loads them before it awaits its inputs: their memory round trip overlaps
+// the wait instead of following it. Volatile keeps the loads there.
+struct FirstChunks {
+  uint4 w[MATVEC_DEPTH];
+};
 
 // The row a warp takes of task t: with split 2 and a pair, the odd warp takes the second row.
 __device__ __forceinline__ int split_row(int t, int split, int pair) {
   return t < 0 || split == 1 ? t : t + ((tid() >> 5) & 1) * pair;
 }
 
-// ---------------------------------------------------------------------------------------------
-// weight staging: a matvec's weights in shared memory, requested before its inputs are awaited
-//
-// Weights depend on nothing, so a phase requests its warps' whole share of them (the first
-// Params::stage_batches batches of each warp's stream, as matvec_tasks walks it) before it awaits
-// its inputs: one bulk copy (TMA) per batch into the warp's slice of the staging area, all
-// completing one mbarrier per warp. Their memory round trip then overlaps the wait, and no
-// batch waits for the one before it. Staging is per phase, not further ahead: traffic issued
-// earlier delays the exchanges of the phases in between (kernel notes, versions 1.2-1.4).
-//
-// The staging area (at byte Params::stage_base of the dynamic shared memory): WARPS mbarriers,
-// WARPS use counts (a barrier's phase parity), padding to 256 bytes, then WARPS slices of
-// stage_batches * BATCH_BYTES.
-__device__ __forceinline__ u32 smem_addr(const void* ptr) {
-  u32 a;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(ptr));
-  return a;
-}
-__device__ __forceinline__ u64* stage_bars(const Params& p) {
-  return reinterpret_cast<u64*>(reinterpret_cast<unsigned char*>(smem) + p.stage_base);
-}
-__device__ __forceinline__ u32* stage_uses(const Params& p) {
-  return reinterpret_cast<u32*>(stage_bars(p) + WARPS);
-}
-__device__ __forceinline__ const uint4* stage_slice(const Params& p, int warp) {
-  return reinterpret_cast<const uint4*>(reinterpret_cast<unsigned char*>(smem) + p.stage_base +
-                                        256 + warp * p.stage_batches * BATCH_BYTES);
-}
-
-// Kernel entry: every warp's barrier and use count.
-__device__ void stage_start(const Params& p) {
-  const int warp = tid() >> 5;
-  if ((tid() & 31) == 0 && p.stage_batches > 0) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(stage_bars(p) + warp))
-                 : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    stage_uses(p)[warp] = 0;
-  }
-  __syncthreads();
-}
-
-// What a warp staged for one matvec: `batches` of its stream, on its barrier's phase `parity`.
-struct Staged {
-  int batches;
-  u32 parity;
-};
-
-// Stages the first batches of this warp's stream of a matvec (the same W, tasks, K, split and
-// pair as the matvec_tasks call it is for); lane 0 issues the copies.
-__device__ Staged stage_rows(const Params& p, const bf16_t* W, int tasks, int K, int split = 1,
-                             int pair = 0) {
-  const int warp = tid() >> 5;
+__device__ FirstChunks first_chunks(const bf16_t* W, int rows, int K, int split = 1,
+                                    int pair = 0) {
+  FirstChunks f;
+  const int r = split_row(warp_task(0, rows, split), split, pair), lane = tid() & 31;
   const int2 c = warp_chunks(K >> 3, pair > 0 ? 1 : split);
-  int n = 0;
-  u32 parity = 0;
-  if ((tid() & 31) == 0 && p.stage_batches > 0) {
-    const u32 bar = smem_addr(stage_bars(p) + warp);
-    const u32 dst = smem_addr(stage_slice(p, warp));
-    // the slice's last reads (generic proxy) come before these writes (async proxy)
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    for (int q = 0; n < p.stage_batches; q++) {
-      const int r = split_row(warp_task(q, tasks, split), split, pair);
-      if (r < 0) break;
-      for (int b0 = c.x; b0 < c.y && n < p.stage_batches; b0 += BATCH_CHUNKS, n++) {
-        const u32 bytes = 16u * (u32)min(BATCH_CHUNKS, c.y - b0);
-        const bf16_t* src = W + (size_t)r * K + (size_t)b0 * 8;
-        asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(bar),
-                     "r"(bytes)
-                     : "memory");
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
-            "[%3];" ::"r"(dst + (u32)n * BATCH_BYTES),
-            "l"(src), "r"(bytes), "r"(bar)
-            : "memory");
-      }
-    }
-    if (n > 0) {
-      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-      parity = stage_uses(p)[warp] & 1u;
-      stage_uses(p)[warp] += 1;
-    }
+  const uint4* wr = reinterpret_cast<const uint4*>(W + (size_t)(r < 0 ? 0 : r) * K);
+#pragma unroll
+  for (int j = 0; j < MATVEC_DEPTH; j++) {
+    f.w[j] = make_uint4(0u, 0u, 0u, 0u);
+    if (r >= 0 && c.x + lane + 32 * j < c.y)
+      asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                   : "=r"(f.w[j].x), "=r"(f.w[j].y), "=r"(f.w[j].z), "=r"(f.w[j].w)
+                   : "l"(wr + c.x + lane + 32 * j));
   }
-  return Staged{__shfl_sync(0xffffffffu, n, 0), __shfl_sync(0xffffffffu, parity, 0)};
-}
-
-// Waits until the warp's staged batches have landed.
-__device__ __forceinline__ void await_staged(const Params& p, const Staged& st) {
-  if (st.batches == 0) return;
-  const u32 bar = smem_addr(stage_bars(p) + (tid() >> 5));
-  u32 done = 0;
-  while (!done)
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, "
-        "p; }"
-        : "=r"(done)
-        : "r"(bar), "r"(st.parity)
-        : "memory");
+  return f;
 }
 
 // Every warp of the grid takes whole tasks: task t is output row t, y[b][t] = W[t] . xs[b], and
 // with `pair` > 0 also row t + pair (gate and up rows of one SiLU * up output; pairs need SPLIT
 // 2); tasks are dealt by warp_task. K must be a multiple of 8 (16-byte weight loads). A warp
-// walks the batches of MATVEC_DEPTH chunks per lane of all its rows as one stream: the first
-// `st` (stage_rows of the same W, tasks, K, split and pair) from its staging slice, the rest (a
-// stream longer than the slice) from memory, each loaded before the current batch is used, so
-// that they do not each wait a memory round trip. Each row's sum runs over its chunks in order.
+// walks the batches of MATVEC_DEPTH chunks per lane of all its rows as one stream and loads the
+// next batch (of the same row or of its next row) before it uses the current one, so that a
+// warp's rows do not each wait a memory round trip; the first batch is `first` (first_chunks of
+// the same W, tasks, K, split and pair). Each row's sum runs over its chunks in order.
 // `emit(b, t, y_t, y_t+pair)` (the second 0 without a pair) is called by lane 0. With SPLIT 2,
 // warp_task's pairs of warps share each task (half of K each, or with a pair one row each): the
 // odd warp hands its sum to the even one through `pair_sums` (2 * WARPS * MAX_B shared words;
 // the host sizes the work area for them), which adds it to its own (or takes it as the pair's
 // second row) and emits.
 template <int SPLIT = 1, typename Emit>
-__device__ void matvec_tasks(const Params& p, const bf16_t* W, int tasks, int pair, int K,
-                             const float* xs, int nb, const Staged& st, Emit emit,
-                             float* pair_sums = nullptr) {
+__device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const float* xs, int nb,
+                             const FirstChunks& first, Emit emit, float* pair_sums = nullptr) {
   const int lane = tid() & 31;
   const int2 c = warp_chunks(K >> 3, pair > 0 ? 1 : SPLIT);
   const int k8 = c.y;  // the warp's chunks of a row end here
   // the warp's q-th row, or -1
   auto row_of = [&](int q) { return split_row(warp_task(q, tasks, SPLIT), SPLIT, pair); };
-  // batch k of the stream: row r's chunks from b0
-  auto load = [&](uint4* w, int k, int r, int b0) {
-    if (k < st.batches) {
-      const uint4* staged = stage_slice(p, tid() >> 5) + k * BATCH_CHUNKS;
+  auto load = [&](uint4* w, int r, int b0) {
+    const uint4* wr = reinterpret_cast<const uint4*>(W + (size_t)(r < 0 ? 0 : r) * K);
 #pragma unroll
-      for (int j = 0; j < MATVEC_DEPTH; j++)
-        w[j] = r >= 0 && b0 + lane + 32 * j < k8 ? staged[lane + 32 * j] : make_uint4(0u, 0u, 0u, 0u);
-    } else {
-      const uint4* wr = reinterpret_cast<const uint4*>(W + (size_t)(r < 0 ? 0 : r) * K);
-#pragma unroll
-      for (int j = 0; j < MATVEC_DEPTH; j++) {
-        const int i = b0 + lane + 32 * j;
-        w[j] = r >= 0 && i < k8 ? ld_weights(wr + i) : make_uint4(0u, 0u, 0u, 0u);
-      }
+    for (int j = 0; j < MATVEC_DEPTH; j++) {
+      const int i = b0 + lane + 32 * j;
+      w[j] = r >= 0 && i < k8 ? ld_weights(wr + i) : make_uint4(0u, 0u, 0u, 0u);
     }
   };
   float acc[MAX_B];
 #pragma unroll
   for (int b = 0; b < MAX_B; b++) acc[b] = 0.f;
-  int k = 0, q = 0, r = row_of(0), b0 = c.x;  // b0: the batch's first chunk, the same for the warp
-  await_staged(p, st);
   uint4 cur[MATVEC_DEPTH];
-  load(cur, k, r, b0);
+#pragma unroll
+  for (int j = 0; j < MATVEC_DEPTH; j++) cur[j] = first.w[j];
+  int q = 0, r = row_of(0), b0 = c.x;  // b0: the batch's first chunk, the same for the warp
   while (r >= 0) {
-    int nq = q, nr = r, nb0 = b0 + BATCH_CHUNKS;
+    int nq = q, nr = r, nb0 = b0 + 32 * MATVEC_DEPTH;
     if (nb0 >= k8) {
       nq = q + 1;
       nr = row_of(nq);
       nb0 = c.x;
     }
     uint4 nxt[MATVEC_DEPTH];
-    load(nxt, k + 1, nr, nb0);
+    load(nxt, nr, nb0);
 #pragma unroll
     for (int j = 0; j < MATVEC_DEPTH; j++) {
       const int i = b0 + lane + 32 * j;
@@ -614,7 +526,6 @@ __device__ void matvec_tasks(const Params& p, const bf16_t* W, int tasks, int pa
     }
 #pragma unroll
     for (int j = 0; j < MATVEC_DEPTH; j++) cur[j] = nxt[j];
-    k++;
     q = nq;
     r = nr;
     b0 = nb0;
@@ -622,9 +533,9 @@ __device__ void matvec_tasks(const Params& p, const bf16_t* W, int tasks, int pa
 }
 
 template <typename Emit>
-__device__ void matvec(const Params& p, const bf16_t* W, int rows, int K, const float* xs, int nb,
-                       const Staged& st, Emit emit) {
-  matvec_tasks(p, W, rows, 0, K, xs, nb, st, [&](int b, int r, float v, float) { emit(b, r, v); });
+__device__ void matvec(const bf16_t* W, int rows, int K, const float* xs, int nb,
+                       const FirstChunks& first, Emit emit) {
+  matvec_tasks(W, rows, 0, K, xs, nb, first, [&](int b, int r, float v, float) { emit(b, r, v); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -876,7 +787,7 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
 // collect the input words (K per sequence, row stride `stride`, tag `tag_in`) and publish
 // x + W . input as the x words of buffer 0 at exchange `ex_out`.
 __device__ void residual_product(const Params& p, int H, const bf16_t* W, int K, const u64* in,
-                                 int stride, u32 tag_in, int nb, const Staged& st,
+                                 int stride, u32 tag_in, int nb, const FirstChunks& first,
                                  int ex_out) {
   float* xs = sm_xs();
   const float* xr = sm_xr(p);
@@ -886,7 +797,7 @@ __device__ void residual_product(const Params& p, int H, const bf16_t* W, int K,
     inputs_arrived(p);
   }
   matvec_tasks<2>(
-      p, W, H, 0, K, xs, nb, st,
+      W, H, 0, K, xs, nb, first,
       [&](int b, int r, float v, float) {
         publish(x_buffer(p, 0) + (size_t)b * p.max_hidden + r, xr[b * H + r] + v,
                 tag_of(p, ex_out));
@@ -897,12 +808,12 @@ __device__ void residual_product(const Params& p, int H, const bf16_t* W, int K,
 // One decoder layer for nb single-token rows from the input x `in`; its exchanges are numbered
 // from `ex` (LX_*), its output is the x words of buffer 0 at ex + LX_DOWN. `step` is the
 // predictor pass, or -1 for the talker. Each matvec's first weights are loaded before its
-// inputs are awaited (`staged_qkv`: by the layer before; the next layer's are returned). `xr`
+// inputs are awaited (`first_qkv`: by the layer before; the next layer's are returned). `xr`
 // ([nb][H], shared) holds the block's copy of the raw x rows: the blocks owning residual rows
 // (those with o and down rows, the same rows) add their products to it.
-__device__ Staged layer_step(const Params& p, const Stack& s, int step, int layer, int nb,
+__device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int layer, int nb,
                                   const int* cache_idx, const int* pos_of, int in, int ex,
-                                  Staged staged_qkv) {
+                                  FirstChunks first_qkv) {
   float* xs = sm_xs();
   float* xr = sm_xr(p);
   const int stack = step < 0 ? PH_TALKER : 0;  // profile tag
@@ -914,7 +825,7 @@ __device__ Staged layer_step(const Params& p, const Stack& s, int step, int laye
 
   // input norm, q|k|v
   if (has_rows(rows)) collect_x_norm(p, in, nb, H, lw.in_norm, s.eps, xr, xs);
-  matvec(p, lw.qkv, rows, H, xs, nb, staged_qkv, [&](int b, int r, float v) {
+  matvec(lw.qkv, rows, H, xs, nb, first_qkv, [&](int b, int r, float v) {
     publish(p.qkv + (size_t)b * p.max_qkv + r, v, tag_of(p, ex + LX_QKV));
   });
   end_phase(p, stack | PH_QKV);
@@ -923,16 +834,16 @@ __device__ Staged layer_step(const Params& p, const Stack& s, int step, int laye
             tag_of(p, ex + LX_ATTN));
   end_phase(p, stack | PH_ATTENTION);
 
-  Staged st = stage_rows(p, lw.o, H, qw, 2);
-  residual_product(p, H, lw.o, qw, p.attn, p.max_q, tag_of(p, ex + LX_ATTN), nb, st,
+  FirstChunks first = first_chunks(lw.o, H, qw, 2);
+  residual_product(p, H, lw.o, qw, p.attn, p.max_q, tag_of(p, ex + LX_ATTN), nb, first,
                    ex + LX_O);
   end_phase(p, stack | PH_O);
 
   // post-attention norm, gate and up rows in pairs: SiLU(gate) * up
-  st = stage_rows(p, lw.gate_up, inter, H, 2, inter);
+  first = first_chunks(lw.gate_up, inter, H, 2, inter);
   if (has_rows(inter)) collect_x_norm(p, x_words(0, ex + LX_O), nb, H, lw.post_norm, s.eps, xr, xs);
   matvec_tasks<2>(
-      p, lw.gate_up, inter, inter, H, xs, nb, st,
+      lw.gate_up, inter, inter, H, xs, nb, first,
       [&](int b, int t, float gt, float up) {
         publish(p.act + (size_t)b * p.max_inter + t, gt / (1.f + expf(-gt)) * up,
                 tag_of(p, ex + LX_ACT));
@@ -940,22 +851,23 @@ __device__ Staged layer_step(const Params& p, const Stack& s, int step, int laye
       sm_work(p));
   end_phase(p, stack | PH_GATE_UP);
 
-  st = stage_rows(p, lw.down, H, inter, 2);
-  residual_product(p, H, lw.down, inter, p.act, p.max_inter, tag_of(p, ex + LX_ACT), nb, st,
+  first = first_chunks(lw.down, H, inter, 2);
+  residual_product(p, H, lw.down, inter, p.act, p.max_inter, tag_of(p, ex + LX_ACT), nb, first,
                    ex + LX_DOWN);
   end_phase(p, stack | PH_DOWN);
-  return layer + 1 < s.n_layers ? stage_rows(p, s.layers[layer + 1].qkv, rows, H) : Staged{0, 0u};
+  if (layer + 1 < s.n_layers) first = first_chunks(s.layers[layer + 1].qkv, rows, H);
+  return first;
 }
 
 // Every layer of a stack; the first reads `in`, the exchanges are numbered from `ex`.
 __device__ void stack_step(const Params& p, const Stack& s, int step, int nb, const int* cache_idx,
                            const int* pos_of, int in, int ex) {
-  Staged staged_qkv = stage_rows(p, s.layers[0].qkv, s.qkv_rows(), s.hidden);
+  FirstChunks first_qkv = first_chunks(s.layers[0].qkv, s.qkv_rows(), s.hidden);
   for (int layer = 0; layer < s.n_layers; layer++) {
     const int lx = ex + LAYER_EXCHANGES * layer;
-    staged_qkv = layer_step(p, s, step, layer, nb, cache_idx, pos_of,
+    first_qkv = layer_step(p, s, step, layer, nb, cache_idx, pos_of,
                            layer == 0 ? in : x_words(0, lx - LAYER_EXCHANGES + LX_DOWN), lx,
-                           staged_qkv);
+                           first_qkv);
   }
 }
 
@@ -1027,8 +939,10 @@ __device__ int block_argmax(const float* v, int n, float* redf, int* redi) {
 // their high bits, so one shared-memory atomic per element would serialise on a single bin:
 // the lanes of a warp that fall in the same bin add once, with their count. Warp 0 then finds
 // the digit holding the k-th key with a scan over the histogram from the highest digit down,
-// and zeroes the bins it has read for the next round. `hist` is zero on entry (the caller clears
-// it before the barrier that follows its logits); `state` holds 2 words.
+// and zeroes the bins it has read for the next round. Once at most 32 keys share the prefix
+// found so far (after two rounds, mostly), one warp ranks them instead of the remaining rounds.
+// `hist` is zero on entry (the caller clears it before the barrier that follows its logits);
+// `state` holds 4 words.
 __device__ u32 kth_largest_key(const float* v, int n, int k, u32* hist, u32* state) {
   const int lane = tid() & 31;
   u32 prefix = 0, mask = 0;
@@ -1070,7 +984,9 @@ __device__ u32 kth_largest_key(const float* v, int n, int k, u32* hist, u32* sta
         }
         state[0] = (u32)digit;
         state[1] = (u32)(remaining - (int)cum);
+        state[2] = hist[digit];
       }
+      if (lane == 0) state[3] = 0;
 #pragma unroll
       for (int d = 0; d < 8; d++) hist[top - d] = 0;
     }
@@ -1078,8 +994,33 @@ __device__ u32 kth_largest_key(const float* v, int n, int k, u32* hist, u32* sta
     prefix |= state[0] << shift;
     mask |= 255u << shift;
     remaining = (int)state[1];
-    // the next round's state is written after the barrier that follows its histogram, which
-    // every thread passes after this read
+    const u32 in_bin = state[2];
+    // the next round's state is written after the barrier that follows its histogram (or the
+    // gather below), which every thread passes after these reads
+    if (shift > 0 && in_bin <= 32) {
+      // the keys with this prefix, gathered into the (now zero) first bins: the caller clears
+      // them before the histogram's next use
+      u32* cand = hist;
+      for (int i = tid(); i < n; i += THREADS) {
+        const u32 key = ordered_key(v[i]);
+        if ((key & mask) == prefix) cand[atomicAdd(&state[3], 1u)] = key;
+      }
+      __syncthreads();
+      if (tid() < 32) {
+        // the remaining-th largest of them: the key with fewer larger ones than that, and
+        // at least that many larger or equal
+        const u32 key = lane < (int)in_bin ? cand[lane] : 0u;
+        int larger = 0, equal = 0;
+        for (int j = 0; j < (int)in_bin; j++) {
+          const u32 other = __shfl_sync(0xffffffffu, key, j);
+          larger += other > key;
+          equal += other == key;
+        }
+        if (lane < (int)in_bin && larger < remaining && larger + equal >= remaining) state[0] = key;
+      }
+      __syncthreads();
+      return state[0];
+    }
   }
   return prefix;
 }
@@ -1245,13 +1186,13 @@ __device__ int cp_input(const Params& p, int nb, int in, int ex) {
   if (!p.proj_w) return in;
   const int H = p.talker.hidden, rows = p.cp.hidden;
   const bf16_t* bias = p.proj_b;
-  const Staged st = stage_rows(p, p.proj_w, rows, H);
+  const FirstChunks first = first_chunks(p.proj_w, rows, H);
   float* xs = sm_xs();
   if (has_rows(rows)) {
     collect_x(p, in, nb, H, xs);
     inputs_arrived(p);
   }
-  matvec(p, p.proj_w, rows, H, xs, nb, st, [&](int b, int r, float v) {
+  matvec(p.proj_w, rows, H, xs, nb, first, [&](int b, int r, float v) {
     publish(x_buffer(p, 1) + (size_t)b * p.max_hidden + r, v + bf2f(bias[r]), tag_of(p, ex));
   });
   end_phase(p, PH_INPUT);
@@ -1267,11 +1208,11 @@ __device__ __forceinline__ const bf16_t* cp_embedding_row(const Params& p, int t
 // the logits words of exchange `ex`, and into copy_of[b] too when copy_of is given.
 __device__ void norm_and_head(const Params& p, const Stack& s, const bf16_t* head, int vocab,
                               float* const* copy_of, int nb, int in, int ex) {
-  const Staged st = stage_rows(p, head, vocab, s.hidden);
+  const FirstChunks first = first_chunks(head, vocab, s.hidden);
   float* xs = sm_xs();
   if (has_rows(vocab)) collect_x_norm(p, in, nb, s.hidden, s.final_norm, s.eps, sm_xr(p), xs);
   const int stride = logits_stride(p);
-  matvec(p, head, vocab, s.hidden, xs, nb, st, [&](int b, int r, float v) {
+  matvec(head, vocab, s.hidden, xs, nb, first, [&](int b, int r, float v) {
     publish(p.logits + (size_t)b * stride + r, v, tag_of(p, ex));
     if (copy_of) copy_of[b][r] = v;
   });
@@ -1352,7 +1293,6 @@ __device__ void code_predictor(const Params& p, int nb) {
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) frame_kernel(const Params p) {
   if (p.marks && bid() == 0 && tid() == 0) record_mark(p.marks, p.max_marks, PH_START);
-  stage_start(p);
   const int nb = p.batch;
   const int H = p.talker.hidden;
   const int tx = talker_exchange(p), head_ex = tx + LAYER_EXCHANGES * p.talker.n_layers;

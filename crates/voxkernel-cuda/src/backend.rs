@@ -17,8 +17,7 @@ use voxkernel_core::sampling::{SamplerParams, SamplingConfig};
 
 use crate::layout::{
     BLOCK_THREADS, BLOCK_WARPS, CODE_WORDS, EXCHANGE_BITS, FrameParams, HEADS_PER_PASS, HIST_WORDS,
-    MAX_BATCH, MAX_HEAD_DIM, MODE_FRAME, MODE_HEAD, OWN_CODES, STAGE_BATCH_BYTES,
-    STAGE_HEADER_BYTES, Sampler, Stack,
+    MAX_BATCH, MAX_HEAD_DIM, MODE_FRAME, MODE_HEAD, OWN_CODES, Sampler, Stack,
 };
 use crate::prefill::{Codec, Prefill, Segment, TalkerState, TextRow};
 use crate::runtime::{self, device_ptr, zeros};
@@ -37,10 +36,6 @@ pub struct CudaOptions {
     /// Positions per attention block (0 = all of a sequence's in one block per kv head): long
     /// contexts then spread over more SMs.
     pub attention_chunk: usize,
-    /// Weight batches (`STAGE_BATCH_BYTES` each) a warp stages in shared memory per matvec
-    /// before awaiting the matvec's inputs; `None`: as many as the device's shared memory holds.
-    /// With 0 every weight batch is loaded after the inputs arrive.
-    pub stage_batches: Option<usize>,
 }
 
 impl Default for CudaOptions {
@@ -50,7 +45,6 @@ impl Default for CudaOptions {
             max_len: 2048,
             max_prefill_rows: 1024,
             attention_chunk: 32,
-            stage_batches: None,
         }
     }
 }
@@ -367,23 +361,8 @@ impl CudaBackend {
         .into_iter()
         .max()
         .unwrap_or(0);
-        // x inputs, the block's raw x rows, reduction words, attention / sampling scratch, then
-        // the weight staging area
-        let stage_base =
-            (4 * (smem_x_floats + MAX_BATCH * max_hidden + 64 + work)).next_multiple_of(128);
-        let smem_limit = ctx
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
-            as usize;
-        let slice_batches = |room: usize| room / (BLOCK_WARPS * STAGE_BATCH_BYTES);
-        let fit = slice_batches(smem_limit.saturating_sub(stage_base + STAGE_HEADER_BYTES));
-        let stage_batches = options.stage_batches.unwrap_or(fit);
-        ensure!(
-            stage_batches <= fit,
-            "stage_batches = {stage_batches}: this GPU's shared memory holds at most {fit}"
-        );
-        let frame_smem = (stage_base
-            + STAGE_HEADER_BYTES
-            + BLOCK_WARPS * stage_batches * STAGE_BATCH_BYTES) as u32;
+        // x inputs, the block's raw x rows, reduction words, attention / sampling scratch
+        let frame_smem = (4 * (smem_x_floats + MAX_BATCH * max_hidden + 64 + work)) as u32;
         frame_fn.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             frame_smem as i32,
@@ -455,8 +434,6 @@ impl CudaBackend {
             max_q: max_q as i32,
             max_inter: max_inter as i32,
             smem_x_floats: smem_x_floats as i32,
-            stage_base: stage_base as i32,
-            stage_batches: stage_batches as i32,
             ..Default::default()
         };
         let prefill = Prefill::new(

@@ -18,10 +18,6 @@ pub const MODE_HEAD: i32 = 1;
 pub const BLOCK_WARPS: usize = BLOCK_THREADS as usize / 32;
 /// q heads one attention pass serves (`HEADS_PER_PASS` in the kernel).
 pub const HEADS_PER_PASS: usize = 2;
-/// A weight batch a warp stages (`BATCH_BYTES` in the kernel), and the staging area's header
-/// (its mbarriers and use counts, padded).
-pub const STAGE_BATCH_BYTES: usize = 2048;
-pub const STAGE_HEADER_BYTES: usize = 256;
 /// Words after the sampling values in the sampling scratch (`HIST_WORDS` in the kernel).
 pub const HIST_WORDS: usize = 264;
 /// Largest head_dim the attention's registers hold (`MAX_HEAD_DIM` in the kernel).
@@ -164,8 +160,6 @@ pub struct FrameParams {
     pub attention_chunk: i32,
     pub attn_part_stride: i32,
     pub talker_chunks: i32,
-    pub stage_base: i32,
-    pub stage_batches: i32,
     pub slot: [i32; MAX_BATCH],
     pub pos: [i32; MAX_BATCH],
     pub step: [i32; MAX_BATCH],
@@ -287,7 +281,7 @@ mod tests {
             (15 * 8 + 13 * 4_usize).next_multiple_of(8)
         );
         let frame =
-            2 * 72 + 20 * 8 + 20 * 4 + 8 * 4 * MAX_BATCH + 2 * 20 * MAX_BATCH + 17 * 4 * MAX_BATCH;
+            2 * 72 + 20 * 8 + 18 * 4 + 8 * 4 * MAX_BATCH + 2 * 20 * MAX_BATCH + 17 * 4 * MAX_BATCH;
         assert_eq!(
             std::mem::size_of::<FrameParams>(),
             frame.next_multiple_of(8)

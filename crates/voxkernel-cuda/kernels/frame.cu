@@ -1,5 +1,6 @@
-// voxkernel frame megakernel (version 1.4: phases chained by tagged words, no grid barriers; o,
-// down and gate|up tasks shared by warp pairs; V appended by a warp of its own).
+// voxkernel frame megakernel (version 1.5: phases chained by tagged words, no grid barriers; o,
+// down and gate|up tasks shared by warp pairs; V appended by a warp of its own; norm weights
+// loaded before the wait; a sampler with two barriers per radix round).
 //
 // One cooperative launch advances up to MAX_B sequences by one audio frame:
 //   code predictor (16 single-token passes: past_hidden, CE(c0), then 14 group embeddings),

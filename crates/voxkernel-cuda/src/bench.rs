@@ -17,7 +17,7 @@ use voxkernel_core::prompt::{PromptPlan, PromptRequest, TextIds, TextMode, Voice
 use voxkernel_core::sampling::{SamplerParams, SamplingConfig};
 
 use crate::backend::PhaseMark;
-use crate::layout::{PHASE_NAMES, PHASE_TALKER, PHASE_WAIT, WAIT_NAMES};
+use crate::layout::{PHASE_NAMES, PHASE_TALKER, PHASE_WAIT};
 use crate::{CudaBackend, CudaOptions};
 
 /// Device-to-device copy bandwidth in GB/s over `bytes`-sized buffers, counting bytes read and
@@ -69,9 +69,11 @@ impl Default for FrameBench {
 pub struct PhaseTime {
     /// "predictor" or "talker".
     pub stack: &'static str,
-    /// A `layout::PHASE_NAMES` entry, or a `layout::WAIT_NAMES` one: the part of that phase spent
-    /// waiting for its inputs (the rest is under its own name).
+    /// A `layout::PHASE_NAMES` entry.
     pub phase: &'static str,
+    /// The part of that phase spent waiting for its inputs (`<phase>.wait` in the JSON); the
+    /// rest is the entry without it.
+    pub wait: bool,
     /// Phases of this kind per frame.
     pub count: f64,
     /// Their time per frame, microseconds.
@@ -114,19 +116,15 @@ impl FrameProfile {
                 } else {
                     "predictor"
                 };
-                let names = if tag & PHASE_WAIT != 0 {
-                    &WAIT_NAMES
-                } else {
-                    &PHASE_NAMES
-                };
-                let phase = names
+                let wait = tag & PHASE_WAIT != 0;
+                let phase = PHASE_NAMES
                     .get((tag & !(PHASE_TALKER | PHASE_WAIT)) as usize)
                     .copied()
                     .unwrap_or("unknown");
                 let us = cycles as f64 / sm_clock_mhz;
                 match phases
                     .iter_mut()
-                    .find(|p| p.stack == stack && p.phase == phase)
+                    .find(|p| p.stack == stack && p.phase == phase && p.wait == wait)
                 {
                     Some(p) => {
                         p.count += 1.0;
@@ -135,6 +133,7 @@ impl FrameProfile {
                     None => phases.push(PhaseTime {
                         stack,
                         phase,
+                        wait,
                         count: 1.0,
                         us,
                     }),
@@ -162,7 +161,7 @@ impl FrameProfile {
             .map(|p| {
                 json!({
                     "stack": p.stack,
-                    "phase": p.phase,
+                    "phase": if p.wait { format!("{}.wait", p.phase) } else { p.phase.to_string() },
                     "per_frame": p.count,
                     "us_per_frame": round(p.us, 2),
                     "mean_us": round(p.us / p.count.max(1e-9), 3),
@@ -401,9 +400,13 @@ mod tests {
         ]];
         let p = FrameProfile::from_marks(&launches, 1000.0);
         let us = |stack: &str, phase: &str| {
+            let (phase, wait) = match phase.strip_suffix(".wait") {
+                Some(name) => (name, true),
+                None => (phase, false),
+            };
             p.phases
                 .iter()
-                .find(|t| t.stack == stack && t.phase == phase)
+                .find(|t| t.stack == stack && t.phase == phase && t.wait == wait)
                 .map(|t| t.us)
         };
         assert_eq!(us("predictor", "qkv.wait"), Some(1.0));

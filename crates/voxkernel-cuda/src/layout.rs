@@ -41,19 +41,8 @@ pub const PHASE_NAMES: [&str; 9] = [
 ];
 pub const PHASE_TALKER: u64 = 16;
 /// Set on a mark recorded once a phase's inputs have all arrived (`PH_WAIT`): the interval it
-/// ends is the wait of the next phase that ends, named after it with [`WAIT_NAMES`].
+/// ends is the wait of the next phase that ends.
 pub const PHASE_WAIT: u64 = 32;
-pub const WAIT_NAMES: [&str; 9] = [
-    "start.wait",
-    "input.wait",
-    "qkv.wait",
-    "attention.wait",
-    "o_proj.wait",
-    "gate_up.wait",
-    "down.wait",
-    "head.wait",
-    "sample.wait",
-];
 
 /// prefill.cu's tile sizes and block shapes (`TILE_F`, `TILE_R`, ... there).
 pub const PREFILL_PIECES: usize = 3;

@@ -1,9 +1,11 @@
-// voxkernel frame megakernel (version 1.5: phases chained by tagged words, no grid barriers; o,
+// voxkernel frame megakernel (version 1.6: phases chained by tagged words, no grid barriers; o,
 // down and gate|up tasks shared by warp pairs; V appended by a warp of its own; norm weights
-// loaded before the wait; a sampler with two barriers per radix round).
+// loaded before the wait; a sampler with two barriers per radix round; the predictor's first
+// two positions in one pass).
 //
 // One cooperative launch advances up to MAX_B sequences by one audio frame:
-//   code predictor (16 single-token passes: past_hidden, CE(c0), then 14 group embeddings),
+//   code predictor (15 passes: past_hidden and CE(c0) as two rows of one pass, or as two
+//   single-token passes when 2 * batch rows do not fit MAX_B; then 14 group embeddings),
 //   sub-talker sampling, frame embedding + trailing text row, one talker step, codec head,
 //   codebook-0 sampling. In HEAD mode it only finishes a prefill (prefill.cu leaves each
 //   sequence's last talker row in x): final norm, codec head, past_hidden, codebook-0 sampling.
@@ -248,7 +250,7 @@ __device__ void collect(const u64* src, int n, u32 tag, float* out) {
 // its loop counters (no state to carry). Predictor pass `step` owns 3 + 5 L numbers (L layers)
 // from pass_exchange(p, step): +0 the projection's x, +1 + 5 l + k layer l's (k: LX_*),
 // +1 + 5 L the head's logits, +2 + 5 L the next input x (sampling, or codebook 0's embedding
-// after the first pass). The talker's follow: +5 l + k for layer l, +5 L its head's logits.
+// after an unfused first pass; a fused one uses pass 1's numbers). The talker's follow: +5 l + k for layer l, +5 L its head's logits.
 #define LX_QKV 0
 #define LX_ATTN 1
 #define LX_O 2     // x after the o projection
@@ -279,6 +281,9 @@ __device__ __forceinline__ int next_input_exchange(const Params& p, int step) {
 // readers have all read before any writer of the next x can have its inputs: see "Reuse" above).
 #define X_PAST (-1)   // past_hidden of the sequence's slot (written by the previous launch)
 #define X_PLAIN (-2)  // Params::x (written by the prefill, before this launch)
+// The fused first predictor pass's rows: rows [0, nb/2) codebook 0's embedding (position 1),
+// rows [nb/2, nb) past_hidden (position 0). The rows the head reads come first.
+#define X_C0_PAST (-3)
 
 __device__ __forceinline__ int x_words(int slot, int exchange) { return (slot << 16) | exchange; }
 
@@ -320,9 +325,12 @@ __device__ void collect_x_rows(const Params& p, int in, int nb, int n, float* ou
     float* o = out + b * n;
     if (in >= 0) {
       collect(x_buffer(p, in >> 16) + (size_t)b * p.max_hidden, n, tag_of(p, in & 0xffff), o);
+    } else if (in == X_C0_PAST && b < nb / 2) {
+      const bf16_t* src = p.codec_embedding + (size_t)p.c0[b] * H;
+      for (int i = tid(); i < n; i += THREADS) o[i] = bf2f(src[i]);
     } else {
-      const float* src = in == X_PAST ? p.past_hidden + (size_t)p.slot[b] * H
-                                      : p.x + (size_t)b * p.max_hidden;
+      const float* src = in == X_PLAIN ? p.x + (size_t)b * p.max_hidden
+                         : p.past_hidden + (size_t)p.slot[in == X_C0_PAST ? b - nb / 2 : b] * H;
       for (int i = tid(); i < n; i += THREADS) o[i] = src[i];
     }
   }
@@ -583,8 +591,11 @@ __device__ __forceinline__ void await_head(const u64* src, int hd, u32 tag,
 // of chaining. The warps' partial softmax states are merged in a fixed order; with several
 // chunks, each writes its merged state to attn_part and the last of them to finish merges the
 // chunks in chunk order.
+// With `back` 1, sequence b's word rows are b + nb, at pos_of[b] - 1 (the fused first predictor
+// pass's earlier rows).
 __device__ void attention(const Params& p, const Stack& s, int layer, int nb, const int* cache_idx,
-                          const int* pos_of, float* work, int chunks, u32 t_qkv, u32 t_attn) {
+                          const int* pos_of, int back, float* work, int chunks, u32 t_qkv,
+                          u32 t_attn) {
   const int hd = s.head_dim, half = hd / 2, gs = s.n_heads / s.n_kv;
   const int q_width = s.n_heads * hd, kv_width = s.n_kv * hd;
   const int warp = tid() >> 5, lane = tid() & 31;
@@ -595,10 +606,10 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
   int* last = reinterpret_cast<int*>(wacc + HEADS_PER_PASS * WARPS * hd);  // [1]
   for (int task = bid(); task < nb * s.n_kv * chunks; task += gridDim.x) {
     const int b = task / (s.n_kv * chunks), g = task / chunks % s.n_kv, c = task % chunks;
-    const int pos = pos_of[b];
+    const int row = b + back * nb, pos = pos_of[b] - back;
     const int first = c * p.attention_chunk;  // 0 when attention_chunk is
     const int end = chunks > 1 && first + p.attention_chunk - 1 < pos ? first + p.attention_chunk - 1 : pos;
-    const u64* qkv = p.qkv + (size_t)b * p.max_qkv;
+    const u64* qkv = p.qkv + (size_t)row * p.max_qkv;
     // the chunk holding pos appends its K and V (with one chunk, pos may lie past the chunk size)
     const int own_chunk = chunks == 1 ? 0 : pos / p.attention_chunk;
     const size_t head_base = (((size_t)cache_idx[b] * s.n_layers + layer) * s.n_kv + g) * s.max_len;
@@ -738,7 +749,7 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
           if (ql[w] > 0.f) num += wacc[(qi * WARPS + w) * hd + i] * expf(qm[w] - big);
         const int head = g * gs + q0 + qi;
         if (chunks == 1) {
-          publish(p.attn + (size_t)b * p.max_q + head * hd + i, num / denom, t_attn);
+          publish(p.attn + (size_t)row * p.max_q + head * hd + i, num / denom, t_attn);
         } else {
           // [hd] unnormalised output, then the chunk's max score and softmax denominator
           float* part = p.attn_part + (size_t)b * p.attn_part_stride +
@@ -776,7 +787,7 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
             denom += ld_l2(part + k * (hd + 2) + hd + 1) * f;
             num += ld_l2(part + k * (hd + 2) + i) * f;
           }
-          publish(p.attn + (size_t)b * p.max_q + head * hd + i, num / denom, t_attn);
+          publish(p.attn + (size_t)row * p.max_q + head * hd + i, num / denom, t_attn);
         }
       }
       __syncthreads();
@@ -806,6 +817,16 @@ __device__ void residual_product(const Params& p, int H, const bf16_t* W, int K,
       sm_work(p));
 }
 
+// Whether the first predictor pass also takes the second's rows (codebook 0's embedding at
+// position 1 beside past_hidden at 0): one pass of 2 nb rows instead of two passes of nb, where
+// the rows fit.
+__device__ __forceinline__ bool fused_first_pass(const Params& p) { return 2 * p.batch <= MAX_B; }
+
+// Predictor pass `step` is the fused first pass (pass 1, with pass 0's rows).
+__device__ __forceinline__ bool is_fused_pass(const Params& p, int step) {
+  return step == 1 && fused_first_pass(p);
+}
+
 // One decoder layer for nb single-token rows from the input x `in`; its exchanges are numbered
 // from `ex` (LX_*), its output is the x words of buffer 0 at ex + LX_DOWN. `step` is the
 // predictor pass, or -1 for the talker. Each matvec's first weights are loaded before its
@@ -831,8 +852,12 @@ __device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int
   });
   end_phase(p, stack | PH_QKV);
 
-  attention(p, s, layer, nb, cache_idx, pos_of, sm_work(p), chunks, tag_of(p, ex + LX_QKV),
-            tag_of(p, ex + LX_ATTN));
+  // The fused first pass: a (sequence, kv head) block appends and attends position 0, then 1,
+  // which reads the K and V the block has just appended.
+  const int seqs = is_fused_pass(p, step) ? nb / 2 : nb;
+  for (int back = seqs < nb; back >= 0; back--)
+    attention(p, s, layer, seqs, cache_idx, pos_of, back, sm_work(p), chunks,
+              tag_of(p, ex + LX_QKV), tag_of(p, ex + LX_ATTN));
   end_phase(p, stack | PH_ATTENTION);
 
   FirstChunks first = first_chunks(lw.o, H, qw, 2);
@@ -1246,11 +1271,16 @@ __device__ void code_predictor(const Params& p, int nb) {
   const int layers_ex = LAYER_EXCHANGES * s.n_layers;
   int cache_idx[MAX_B], pos_of[MAX_B];
   for (int b = 0; b < MAX_B; b++) cache_idx[b] = b;
-  for (int step = 0; step < p.groups; step++) {
+  // (a fused first pass is pass 1, with past_hidden's rows beside its own)
+  for (int step = fused_first_pass(p) ? 1 : 0; step < p.groups; step++) {
     for (int b = 0; b < MAX_B; b++) pos_of[b] = step;
     const int ex = pass_exchange(p, step);
-    const int in = step == 0 ? X_PAST : x_words(0, next_input_exchange(p, step - 1));
-    stack_step(p, s, step, nb, cache_idx, pos_of, cp_input(p, nb, in, ex), ex + 1);
+    const bool fused = is_fused_pass(p, step);
+    const int in = step == 0 ? X_PAST
+                   : fused   ? X_C0_PAST
+                             : x_words(0, next_input_exchange(p, step - 1));
+    const int rows = fused ? 2 * nb : nb;
+    stack_step(p, s, step, rows, cache_idx, pos_of, cp_input(p, rows, in, ex), ex + 1);
     const u32 t_out = tag_of(p, ex + layers_ex);  // the last layer's LX_DOWN
     const u32 t_next = tag_of(p, next_input_exchange(p, step));
     u64* next = x_buffer(p, 0);

@@ -193,9 +193,10 @@ impl Geometry {
         Ok(())
     }
 
-    /// Weight bytes one frame streams with this kernel: one talker step (layers, final norm,
-    /// codec head) and 16 code-predictor passes (the 2-token prefill runs as two passes), each
-    /// with the projection when present, plus 15 group heads.
+    /// Weight bytes one frame of the model needs (the bandwidth floor's numerator): one talker
+    /// step (layers, final norm, codec head) and 15 code-predictor passes (the official 2-token
+    /// prefill is one pass, as the kernel's fused first pass is up to 2 sequences; above that
+    /// the kernel streams a 16th), each with the projection when present, plus 15 group heads.
     pub fn weight_bytes_per_frame(&self) -> u64 {
         let t = &self.talker;
         let c = &self.cp;
@@ -208,7 +209,7 @@ impl Geometry {
         };
         let cp_pass = c.layers as u64 * c.layer_bytes() + 2 * c.hidden as u64 + projection;
         let heads = 15 * 2 * (self.cp_vocab * c.hidden) as u64;
-        talker + 16 * cp_pass + heads
+        talker + 15 * cp_pass + heads
     }
 }
 

@@ -5,6 +5,7 @@
 pub mod backend;
 pub mod checkpoint;
 pub mod config;
+pub mod encoder_geometry;
 pub mod engine;
 pub mod hub;
 pub mod official_run;

@@ -7,21 +7,19 @@
 mod seanet;
 mod transformer;
 
-use anyhow::{Result, bail, ensure};
+use anyhow::{Result, ensure};
 use candle_core::{Device, Module, Tensor};
 use candle_nn::Linear;
 
 use self::seanet::{CausalConv, Seanet};
 use self::transformer::EncoderTransformer;
-use super::conv1d::Padding;
 use super::fused;
 use super::weights::Weights;
 use crate::backend::{Frame, NUM_CODE_GROUPS};
 use crate::checkpoint::{Checkpoint, SafetensorsFile};
 use crate::config::{CodecEncoderConfig, SpeechTokenizerConfig};
+use crate::encoder_geometry::{QuantizerGeometry, TokenizerEncoderGeometry};
 
-/// `MimiModel` builds its downsample with stride 2 whatever the rates.
-const DOWNSAMPLE_STRIDE: usize = 2;
 /// Floor of `cluster_usage` when the codebook is formed (`MimiEuclideanCodebook.epsilon`).
 const CLUSTER_USAGE_MIN: f64 = 1e-5;
 
@@ -45,64 +43,20 @@ impl CodecEncoder {
 
     /// From a speech tokenizer config and its f32 `model.safetensors`.
     pub fn load(config: &SpeechTokenizerConfig, file: &SafetensorsFile) -> Result<Self> {
+        let geometry = TokenizerEncoderGeometry::new(config)?;
         let c = &config.encoder_config;
-        let kept = config.encoder_valid_num_quantizers;
-        ensure!(
-            kept == NUM_CODE_GROUPS,
-            "speech_tokenizer encoder_valid_num_quantizers is {kept}, but frames carry \
-             {NUM_CODE_GROUPS} codebooks"
-        );
-        ensure!(
-            c.num_semantic_quantizers >= 1
-                && c.num_semantic_quantizers < kept
-                && c.num_quantizers >= kept,
-            "speech_tokenizer encoder_config: {} semantic of {} quantizers cannot give {kept} codes",
-            c.num_semantic_quantizers,
-            c.num_quantizers
-        );
-        let downsampling = c.seanet_hop()
-            * if c.downsample_kernel().is_some() {
-                DOWNSAMPLE_STRIDE
-            } else {
-                1
-            };
-        if downsampling != config.encode_downsample_rate {
-            bail!(
-                "speech_tokenizer encoder_config strides give {downsampling} samples per code, but \
-                 encode_downsample_rate is {}",
-                config.encode_downsample_rate
-            );
-        }
         let weights = Weights::new(file, "encoder.");
-        let downsample = c
-            .downsample_kernel()
-            .map(|kernel| {
-                CausalConv::load(
-                    &weights,
-                    "downsample",
-                    [c.hidden_size, c.hidden_size, kernel],
-                    false,
-                    DOWNSAMPLE_STRIDE,
-                    1,
-                    Padding::Replicate,
-                )
-            })
+        let downsample = geometry
+            .downsample
+            .as_ref()
+            .map(|conv| CausalConv::load(&weights, conv))
             .transpose()?;
-        let quantizer = weights.sub("quantizer");
         Ok(Self {
-            seanet: Seanet::load(&weights.sub("encoder.layers"), c)?,
+            seanet: Seanet::load(&weights, &geometry.seanet)?,
             transformer: EncoderTransformer::load(&weights.sub("encoder_transformer"), c)?,
             downsample,
-            semantic: ResidualQuantizer::load(
-                &quantizer.sub("semantic_residual_vector_quantizer"),
-                c,
-                c.num_semantic_quantizers,
-            )?,
-            acoustic: ResidualQuantizer::load(
-                &quantizer.sub("acoustic_residual_vector_quantizer"),
-                c,
-                kept - c.num_semantic_quantizers,
-            )?,
+            semantic: ResidualQuantizer::load(&weights, c, &geometry.semantic)?,
+            acoustic: ResidualQuantizer::load(&weights, c, &geometry.acoustic)?,
             samples_per_frame: config.encode_downsample_rate,
             sample_rate: config.input_sample_rate as usize,
         })
@@ -164,21 +118,21 @@ struct Codebook {
 }
 
 impl ResidualQuantizer {
-    fn load(weights: &Weights, c: &CodecEncoderConfig, layers: usize) -> Result<Self> {
+    /// `weights` under `encoder.`.
+    fn load(
+        weights: &Weights,
+        c: &CodecEncoderConfig,
+        geometry: &QuantizerGeometry,
+    ) -> Result<Self> {
+        let weights = weights.sub(geometry.name);
         let dim = c.vector_quantization_hidden_dimension;
-        ensure!(
-            c.codebook_dim == dim,
-            "speech_tokenizer encoder_config: codebook_dim {} differs from \
-             vector_quantization_hidden_dimension {dim}; Mimi's encode needs them equal",
-            c.codebook_dim
-        );
         let input_proj = (dim != c.hidden_size)
             .then(|| -> Result<Linear> {
                 let weight = weights.tensor("input_proj.weight", &[dim, c.hidden_size, 1])?;
                 Ok(Linear::new(weight.squeeze(2)?, None))
             })
             .transpose()?;
-        let layers = (0..layers)
+        let layers = (0..geometry.layers)
             .map(|q| {
                 let w = weights.sub(&format!("layers.{q}.codebook"));
                 let sum = w.tensor("embed_sum", &[c.codebook_size, dim])?;

@@ -8,10 +8,9 @@ use candle_core::{D, Tensor};
 
 use super::conv1d::{Conv1d, Padding, pad_rows};
 use super::fused::{self, Activation};
-use super::mel::SAMPLE_RATE;
 use super::weights::Weights;
 use crate::checkpoint::Checkpoint;
-use crate::config::{ModelType, SpeakerEncoderConfig};
+use crate::encoder_geometry::{SpeakerConv, SpeakerEncoderGeometry};
 
 /// Clamp under the variance in attentive statistics pooling (`AttentiveStatisticsPooling.eps`).
 const STD_EPS: f64 = 1e-12;
@@ -22,16 +21,9 @@ struct Tdnn {
 }
 
 impl Tdnn {
-    fn load(w: &Weights, name: &str, [out, inp, kernel, dilation]: [usize; 4]) -> Result<Self> {
+    fn load(w: &Weights, conv: &SpeakerConv) -> Result<Self> {
         Ok(Self {
-            conv: Conv1d::load(
-                w,
-                &format!("{name}.conv"),
-                [out, inp, kernel],
-                true,
-                1,
-                dilation,
-            )?,
+            conv: load_conv(w, conv)?,
         })
     }
 
@@ -88,95 +80,40 @@ pub struct SpeakerEncoder {
 impl SpeakerEncoder {
     /// The speaker encoder of a Base checkpoint, f32 (widened from the released bf16).
     pub fn from_checkpoint(checkpoint: &Checkpoint) -> Result<Self> {
-        ensure!(
-            checkpoint.config.model_type == ModelType::Base,
-            "only Base checkpoints have a speaker encoder (voice cloning)"
-        );
-        // extract_speaker_embedding asserts 24 kHz; the mel constants assume it.
-        let rate = checkpoint.config.speaker_encoder.sample_rate;
-        ensure!(
-            rate == SAMPLE_RATE,
-            "config.json: speaker_encoder_config.sample_rate is {rate}; only {SAMPLE_RATE} is \
-             supported (the official mel front end is fixed to it)"
-        );
         Self::load(
             &Weights::new(&checkpoint.model, "speaker_encoder."),
-            &checkpoint.config.speaker_encoder,
+            &SpeakerEncoderGeometry::from_checkpoint(checkpoint)?,
         )
     }
 
     /// `weights` is `model.safetensors` under `speaker_encoder.`.
-    pub(crate) fn load(weights: &Weights, config: &SpeakerEncoderConfig) -> Result<Self> {
-        let c = &config.enc_channels;
-        let (k, d) = (&config.enc_kernel_sizes, &config.enc_dilations);
-        ensure!(
-            c.len() >= 3 && k.len() == c.len() && d.len() == c.len(),
-            "speaker_encoder_config: enc_channels, enc_kernel_sizes and enc_dilations must have \
-             the same length (at least 3), got {}, {} and {}",
-            c.len(),
-            k.len(),
-            d.len()
-        );
-        let last = c.len() - 1;
-        let scale = config.enc_res2net_scale;
-        let aggregated: usize = c[1..last].iter().sum();
-        ensure!(
-            aggregated == c[last],
-            "speaker_encoder_config: the multi-layer aggregation takes {aggregated} channels \
-             (enc_channels[1..-1]) but enc_channels[-1] is {}",
-            c[last]
-        );
-        let mut blocks = Vec::new();
-        for i in 1..last {
-            ensure!(
-                c[i] == c[i - 1] && c[i].is_multiple_of(scale),
-                "speaker_encoder_config: SE-Res2Net block {i} needs enc_channels[{i}] equal to \
-                 the previous width and divisible by enc_res2net_scale {scale}"
-            );
-            let name = format!("blocks.{i}");
-            let width = c[i] / scale;
-            let res2net = (0..scale - 1)
-                .map(|j| {
-                    Tdnn::load(
-                        weights,
-                        &format!("{name}.res2net_block.blocks.{j}"),
-                        [width, width, k[i], d[i]],
-                    )
+    fn load(weights: &Weights, geometry: &SpeakerEncoderGeometry) -> Result<Self> {
+        let blocks = geometry
+            .blocks
+            .iter()
+            .map(|block| {
+                Ok(SeRes2NetBlock {
+                    tdnn1: Tdnn::load(weights, &block.tdnn1)?,
+                    res2net: block
+                        .res2net
+                        .iter()
+                        .map(|conv| Tdnn::load(weights, conv))
+                        .collect::<Result<Vec<_>>>()?,
+                    tdnn2: Tdnn::load(weights, &block.tdnn2)?,
+                    se_conv1: load_conv(weights, &block.se_conv1)?,
+                    se_conv2: load_conv(weights, &block.se_conv2)?,
+                    scale: block.res2net.len() + 1,
                 })
-                .collect::<Result<Vec<_>>>()?;
-            let se = config.enc_se_channels;
-            blocks.push(SeRes2NetBlock {
-                tdnn1: Tdnn::load(weights, &format!("{name}.tdnn1"), [c[i], c[i - 1], 1, 1])?,
-                res2net,
-                tdnn2: Tdnn::load(weights, &format!("{name}.tdnn2"), [c[i], c[i], 1, 1])?,
-                se_conv1: Conv1d::load(
-                    weights,
-                    &format!("{name}.se_block.conv1"),
-                    [se, c[i], 1],
-                    true,
-                    1,
-                    1,
-                )?,
-                se_conv2: Conv1d::load(
-                    weights,
-                    &format!("{name}.se_block.conv2"),
-                    [c[i], se, 1],
-                    true,
-                    1,
-                    1,
-                )?,
-                scale,
-            });
-        }
-        let attention = config.enc_attention_channels;
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
-            block0: Tdnn::load(weights, "blocks.0", [c[0], config.mel_dim, k[0], d[0]])?,
+            block0: Tdnn::load(weights, &geometry.block0)?,
             blocks,
-            mfa: Tdnn::load(weights, "mfa", [c[last], c[last], k[last], d[last]])?,
-            asp_tdnn: Tdnn::load(weights, "asp.tdnn", [attention, 3 * c[last], 1, 1])?,
-            asp_conv: Conv1d::load(weights, "asp.conv", [c[last], attention, 1], true, 1, 1)?,
-            fc: Conv1d::load(weights, "fc", [config.enc_dim, 2 * c[last], 1], true, 1, 1)?,
-            mel_dim: config.mel_dim,
+            mfa: Tdnn::load(weights, &geometry.mfa)?,
+            asp_tdnn: Tdnn::load(weights, &geometry.asp_tdnn)?,
+            asp_conv: load_conv(weights, &geometry.asp_conv)?,
+            fc: load_conv(weights, &geometry.fc)?,
+            mel_dim: geometry.mel_dim(),
         })
     }
 
@@ -221,6 +158,10 @@ impl SpeakerEncoder {
         let (mean, std) = weighted_statistics(x, &attention)?;
         Ok(Tensor::cat(&[mean, std], D::Minus1)?)
     }
+}
+
+fn load_conv(weights: &Weights, conv: &SpeakerConv) -> Result<Conv1d> {
+    Conv1d::load(weights, &conv.name, conv.shape(), true, 1, conv.dilation)
 }
 
 /// `mean = Σ w x`, `std = sqrt(max(Σ w (x - mean)², 1e-12))` over time; `[1, C]` each.

@@ -1,13 +1,15 @@
 //! The Base models' speaker encoder on the GPU: ECAPA-TDNN without BatchNorm, from log-mel
-//! frames to the x-vector. Mirrors `voxkernel_core::reference::speaker_encoder` layer by layer;
-//! every convolution is PyTorch's `padding="same"` with reflect padding, made by `gather_rows`
+//! frames to the x-vector. Mirrors `voxkernel_core::reference::speaker_encoder` layer by layer,
+//! from the same `SpeakerEncoderGeometry`; every convolution is PyTorch's `padding="same"` with reflect padding, made by `gather_rows`
 //! into a padded copy of the input before the GEMM reads it.
 
 use anyhow::{Result, ensure};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use voxkernel_core::checkpoint::Checkpoint;
-use voxkernel_core::config::ModelType;
-use voxkernel_core::reference::mel::{N_MELS, SAMPLE_RATE};
+use voxkernel_core::encoder_geometry::{
+    SeRes2NetBlockGeometry, SpeakerConv, SpeakerEncoderGeometry,
+};
+use voxkernel_core::reference::mel::N_MELS;
 
 use super::{
     DEFAULT_SMEM_BYTES, GatherParams, GemmCall, Gpu, PAD_REFLECT, PoolParams, Rows, SeApplyParams,
@@ -28,14 +30,16 @@ struct Conv {
 
 impl Conv {
     /// `name.weight` and `name.bias`.
-    fn load(
-        t: &Tensors,
-        packer: &mut Packer,
-        name: &str,
-        [out, inp, kernel, dilation]: [usize; 4],
-    ) -> Result<Self> {
-        let w = t.get(&format!("{name}.weight"), &[out, inp, kernel])?;
-        let bias = t.get(&format!("{name}.bias"), &[out])?;
+    fn load(t: &Tensors, packer: &mut Packer, conv: &SpeakerConv) -> Result<Self> {
+        let SpeakerConv {
+            out,
+            inp,
+            kernel,
+            dilation,
+            ..
+        } = *conv;
+        let w = t.get(&format!("{}.weight", conv.name), &[out, inp, kernel])?;
+        let bias = t.get(&format!("{}.bias", conv.name), &[out])?;
         Ok(Self {
             w: packer.push(&conv_weight(&w, out, inp, kernel)),
             bias: packer.push(&bias),
@@ -82,94 +86,39 @@ pub(super) struct SpeakerEncoder {
 }
 
 impl SpeakerEncoder {
-    /// The speaker encoder of a Base checkpoint, with the checks of the CPU reference's
-    /// `SpeakerEncoder::load`.
+    /// The speaker encoder of a Base checkpoint, with the CUDA kernels' limits.
     pub(super) fn from_checkpoint(checkpoint: &Checkpoint, gpu: &Gpu) -> Result<Self> {
+        let geometry = SpeakerEncoderGeometry::from_checkpoint(checkpoint)?;
+        let mel_dim = geometry.mel_dim();
         ensure!(
-            checkpoint.config.model_type == ModelType::Base,
-            "only Base checkpoints have a speaker encoder (voice cloning)"
+            mel_dim == N_MELS,
+            "config.json: speaker_encoder_config.mel_dim is {mel_dim}; the mel front end gives \
+             {N_MELS}"
         );
-        let config = &checkpoint.config.speaker_encoder;
-        let rate = config.sample_rate;
-        ensure!(
-            rate == SAMPLE_RATE,
-            "config.json: speaker_encoder_config.sample_rate is {rate}; only {SAMPLE_RATE} is \
-             supported (the official mel front end is fixed to it)"
-        );
-        ensure!(
-            config.mel_dim == N_MELS,
-            "config.json: speaker_encoder_config.mel_dim is {}; the mel front end gives {N_MELS}",
-            config.mel_dim
-        );
-        let c = &config.enc_channels;
-        let (k, d) = (&config.enc_kernel_sizes, &config.enc_dilations);
-        ensure!(
-            c.len() >= 3 && k.len() == c.len() && d.len() == c.len(),
-            "speaker_encoder_config: enc_channels, enc_kernel_sizes and enc_dilations must have \
-             the same length (at least 3), got {}, {} and {}",
-            c.len(),
-            k.len(),
-            d.len()
-        );
-        let last = c.len() - 1;
-        let scale = config.enc_res2net_scale;
-        let aggregated: usize = c[1..last].iter().sum();
-        ensure!(
-            aggregated == c[last],
-            "speaker_encoder_config: the multi-layer aggregation takes {aggregated} channels \
-             (enc_channels[1..-1]) but enc_channels[-1] is {}",
-            c[last]
-        );
+        for block in &geometry.blocks {
+            let (channels, se) = (block.tdnn2.out, block.se_conv1.out);
+            ensure!(
+                4 * (channels + se) <= DEFAULT_SMEM_BYTES,
+                "speaker_encoder_config: {channels} + {se} channels are too many for the CUDA \
+                 squeeze-excitation kernel"
+            );
+        }
         let t = Tensors {
             file: &checkpoint.model,
             prefix: "speaker_encoder.",
         };
         let mut packer = Packer::default();
         let p = &mut packer;
-        let mut blocks = Vec::new();
-        for i in 1..last {
-            ensure!(
-                c[i] == c[i - 1] && c[i].is_multiple_of(scale),
-                "speaker_encoder_config: SE-Res2Net block {i} needs enc_channels[{i}] equal to \
-                 the previous width and divisible by enc_res2net_scale {scale}"
-            );
-            let se = config.enc_se_channels;
-            ensure!(
-                4 * (c[i] + se) <= DEFAULT_SMEM_BYTES,
-                "speaker_encoder_config: {} + {se} channels are too many for the CUDA \
-                 squeeze-excitation kernel",
-                c[i]
-            );
-            let name = format!("blocks.{i}");
-            let width = c[i] / scale;
-            let res2net = (0..scale - 1)
-                .map(|j| {
-                    let conv = format!("{name}.res2net_block.blocks.{j}.conv");
-                    Conv::load(&t, p, &conv, [width, width, k[i], d[i]])
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let w1 = t.get(&format!("{name}.se_block.conv1.weight"), &[se, c[i], 1])?;
-            let b1 = t.get(&format!("{name}.se_block.conv1.bias"), &[se])?;
-            let w2 = t.get(&format!("{name}.se_block.conv2.weight"), &[c[i], se, 1])?;
-            let b2 = t.get(&format!("{name}.se_block.conv2.bias"), &[c[i]])?;
-            blocks.push(SeRes2NetBlock {
-                tdnn1: Conv::load(&t, p, &format!("{name}.tdnn1.conv"), [c[i], c[i - 1], 1, 1])?,
-                res2net,
-                tdnn2: Conv::load(&t, p, &format!("{name}.tdnn2.conv"), [c[i], c[i], 1, 1])?,
-                se_w1: p.push(&transpose(&w1, se, c[i])),
-                se_b1: p.push(&b1),
-                se_w2: p.push(&transpose(&w2, c[i], se)),
-                se_b2: p.push(&b2),
-                se,
-                channels: c[i],
-            });
-        }
-        let attention = config.enc_attention_channels;
-        let block0 = Conv::load(&t, p, "blocks.0.conv", [c[0], config.mel_dim, k[0], d[0]])?;
-        let mfa = Conv::load(&t, p, "mfa.conv", [c[last], c[last], k[last], d[last]])?;
-        let asp_tdnn = Conv::load(&t, p, "asp.tdnn.conv", [attention, 3 * c[last], 1, 1])?;
-        let asp_conv = Conv::load(&t, p, "asp.conv", [c[last], attention, 1, 1])?;
-        let fc = Conv::load(&t, p, "fc", [config.enc_dim, 2 * c[last], 1, 1])?;
+        let blocks = geometry
+            .blocks
+            .iter()
+            .map(|block| load_block(&t, p, block))
+            .collect::<Result<Vec<_>>>()?;
+        let block0 = Conv::load(&t, p, &geometry.block0)?;
+        let mfa = Conv::load(&t, p, &geometry.mfa)?;
+        let asp_tdnn = Conv::load(&t, p, &geometry.asp_tdnn)?;
+        let asp_conv = Conv::load(&t, p, &geometry.asp_conv)?;
+        let fc = Conv::load(&t, p, &geometry.fc)?;
         let (weights, base) = gpu.upload_weights(&packer.data)?;
         Ok(Self {
             _weights: weights,
@@ -180,7 +129,7 @@ impl SpeakerEncoder {
             asp_tdnn,
             asp_conv,
             fc,
-            mel_dim: config.mel_dim,
+            mel_dim,
         })
     }
 
@@ -459,4 +408,34 @@ impl SpeakerEncoder {
         unsafe { l.launch(cfg) }?;
         Ok(())
     }
+}
+
+/// The squeeze-excitation's 1x1 convs are read as matrices (`se_gate` multiplies by them), the
+/// rest as convs.
+fn load_block(
+    t: &Tensors,
+    p: &mut Packer,
+    block: &SeRes2NetBlockGeometry,
+) -> Result<SeRes2NetBlock> {
+    let (se1, se2) = (&block.se_conv1, &block.se_conv2);
+    let res2net = block
+        .res2net
+        .iter()
+        .map(|conv| Conv::load(t, p, conv))
+        .collect::<Result<Vec<_>>>()?;
+    let w1 = t.get(&format!("{}.weight", se1.name), &se1.shape())?;
+    let b1 = t.get(&format!("{}.bias", se1.name), &[se1.out])?;
+    let w2 = t.get(&format!("{}.weight", se2.name), &se2.shape())?;
+    let b2 = t.get(&format!("{}.bias", se2.name), &[se2.out])?;
+    Ok(SeRes2NetBlock {
+        tdnn1: Conv::load(t, p, &block.tdnn1)?,
+        res2net,
+        tdnn2: Conv::load(t, p, &block.tdnn2)?,
+        se_w1: p.push(&transpose(&w1, se1.out, se1.inp)),
+        se_b1: p.push(&b1),
+        se_w2: p.push(&transpose(&w2, se2.out, se2.inp)),
+        se_b2: p.push(&b2),
+        se: se1.out,
+        channels: block.tdnn2.out,
+    })
 }

@@ -1,6 +1,7 @@
 //! The speech tokenizer's encoder on the GPU (24 kHz waveform to 12.5 Hz codes): SEANet, the
 //! causal transformer, the stride-2 downsample and the split residual VQ. Mirrors
-//! `voxkernel_core::reference::codec_encoder` layer by layer.
+//! `voxkernel_core::reference::codec_encoder` layer by layer, from the same
+//! `TokenizerEncoderGeometry`.
 //!
 //! Every causal conv (`CausalConv`: `(kernel - 1) * dilation + 1 - stride` rows of left padding,
 //! the right completing the last stride) reads a buffer its producer wrote with exactly that
@@ -9,11 +10,14 @@
 //! buffer read as `[rows / stride, stride * channels]`, `kernel / stride` taps, which is how the
 //! GEMM's weight rows (tap-major, `conv_weight`) already line up.
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use voxkernel_core::backend::{Frame, NUM_CODE_GROUPS};
 use voxkernel_core::checkpoint::Checkpoint;
 use voxkernel_core::config::CodecEncoderConfig;
+use voxkernel_core::encoder_geometry::{
+    CausalPadding, MimiConv, QuantizerGeometry, SeanetGeometry, TokenizerEncoderGeometry,
+};
 
 use super::{
     ATTENTION_THREADS, CausalAttnParams, DEFAULT_SMEM_BYTES, GemmCall, Gpu, MAX_HEAD_DIM,
@@ -25,17 +29,8 @@ use crate::codec::{
 };
 use crate::runtime::device_ptr;
 
-/// `MimiModel` builds its downsample with stride 2 whatever the rates.
-const DOWNSAMPLE_STRIDE: usize = 2;
 /// Floor of `cluster_usage` when the codebook is formed (`MimiEuclideanCodebook.epsilon`).
 const CLUSTER_USAGE_MIN: f32 = 1e-5;
-
-/// How a causal conv's padding rows are made (`pad_mode`; the downsample always replicates).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Padding {
-    Zeros,
-    Replicate,
-}
 
 /// A causal `MimiConv1d`, its weights at packed offsets.
 #[derive(Debug, Clone, Copy)]
@@ -47,22 +42,23 @@ struct CausalConv {
     kernel: usize,
     stride: usize,
     dilation: usize,
-    padding: Padding,
+    padding: CausalPadding,
 }
 
 impl CausalConv {
     /// `name.conv.weight` (and `name.conv.bias` when `bias`).
-    #[allow(clippy::too_many_arguments)]
-    fn load(
-        t: &Tensors,
-        packer: &mut Packer,
-        name: &str,
-        [out, inp, kernel]: [usize; 3],
-        bias: bool,
-        stride: usize,
-        dilation: usize,
-        padding: Padding,
-    ) -> Result<Self> {
+    fn load(t: &Tensors, packer: &mut Packer, conv: &MimiConv) -> Result<Self> {
+        let MimiConv {
+            out,
+            inp,
+            kernel,
+            bias,
+            stride,
+            dilation,
+            padding,
+            ..
+        } = *conv;
+        let name = &conv.name;
         ensure!(
             stride == 1 || (kernel.is_multiple_of(stride) && dilation == 1),
             "speech tokenizer {name}: kernel {kernel} is not a multiple of its stride {stride}; \
@@ -143,7 +139,6 @@ pub(super) struct TokenizerEncoder {
     input_proj: Option<usize>,
     semantic: Quantizer,
     acoustic: Quantizer,
-    padding: Padding,
     hidden: usize,
     heads: usize,
     head_dim: usize,
@@ -156,64 +151,25 @@ pub(super) struct TokenizerEncoder {
 }
 
 impl TokenizerEncoder {
-    /// With the checks of the CPU reference's `CodecEncoder::load` and its parts, plus the
-    /// CUDA kernels' limits.
+    /// Refusing what the CUDA kernels cannot run, beyond what the geometry refuses.
     pub(super) fn from_checkpoint(checkpoint: &Checkpoint, gpu: &Gpu) -> Result<Self> {
         let config = &checkpoint.speech_tokenizer_config;
+        let geometry = TokenizerEncoderGeometry::new(config)?;
         let c = &config.encoder_config;
-        let kept = config.encoder_valid_num_quantizers;
-        ensure!(
-            kept == NUM_CODE_GROUPS,
-            "speech_tokenizer encoder_valid_num_quantizers is {kept}, but frames carry \
-             {NUM_CODE_GROUPS} codebooks"
-        );
-        ensure!(
-            c.num_semantic_quantizers >= 1
-                && c.num_semantic_quantizers < kept
-                && c.num_quantizers >= kept,
-            "speech_tokenizer encoder_config: {} semantic of {} quantizers cannot give {kept} codes",
-            c.num_semantic_quantizers,
-            c.num_quantizers
-        );
-        let downsampling = c.seanet_hop()
-            * if c.downsample_kernel().is_some() {
-                DOWNSAMPLE_STRIDE
-            } else {
-                1
-            };
-        ensure!(
-            downsampling == config.encode_downsample_rate,
-            "speech_tokenizer encoder_config strides give {downsampling} samples per code, but \
-             encode_downsample_rate is {}",
-            config.encode_downsample_rate
-        );
-        check_transformer(c)?;
+        check_kernel_limits(c)?;
         let t = Tensors {
             file: &checkpoint.speech_tokenizer,
             prefix: "encoder.",
         };
         let mut packer = Packer::default();
-        let (conv_in, stages, conv_out, padding) = load_seanet(&t, &mut packer, c)?;
+        let (conv_in, stages, conv_out) = load_seanet(&t, &mut packer, &geometry.seanet)?;
         let layers = load_transformer(&t, &mut packer, c)?;
-        let downsample = c
-            .downsample_kernel()
-            .map(|kernel| {
-                let shape = [c.hidden_size, c.hidden_size, kernel];
-                let stride = DOWNSAMPLE_STRIDE;
-                let padding = Padding::Replicate;
-                CausalConv::load(
-                    &t,
-                    &mut packer,
-                    "downsample",
-                    shape,
-                    false,
-                    stride,
-                    1,
-                    padding,
-                )
-            })
+        let downsample = geometry
+            .downsample
+            .as_ref()
+            .map(|conv| CausalConv::load(&t, &mut packer, conv))
             .transpose()?;
-        let (input_proj, semantic, acoustic) = load_quantizers(&t, &mut packer, c, kept)?;
+        let (input_proj, semantic, acoustic) = load_quantizers(&t, &mut packer, c, &geometry)?;
         let (weights, base) = gpu.upload_weights(&packer.data)?;
         let inverse_frequencies = (0..c.head_dim / 2)
             .map(|i| 1.0 / (c.rope_theta as f32).powf((2 * i) as f32 / c.head_dim as f32))
@@ -229,7 +185,6 @@ impl TokenizerEncoder {
             input_proj,
             semantic,
             acoustic,
-            padding,
             hidden: c.hidden_size,
             heads: c.num_attention_heads,
             head_dim: c.head_dim,
@@ -251,9 +206,9 @@ impl TokenizerEncoder {
         ensure!(!samples.is_empty(), "codec encoder: no samples");
         // The waveform with conv_in's padding made on the host.
         let (left, right) = self.conv_in.pads(samples.len());
-        let (first, last) = match self.padding {
-            Padding::Zeros => (0.0, 0.0),
-            Padding::Replicate => (samples[0], samples[samples.len() - 1]),
+        let (first, last) = match self.conv_in.padding {
+            CausalPadding::Zeros => (0.0, 0.0),
+            CausalPadding::Replicate => (samples[0], samples[samples.len() - 1]),
         };
         let mut padded = vec![first; left];
         padded.extend_from_slice(samples);
@@ -325,8 +280,8 @@ impl TokenizerEncoder {
     /// it; zero padding is there from the allocation.
     fn fill(&self, gpu: &Gpu, x: &Rows, conv: &CausalConv) -> Result<()> {
         match conv.padding {
-            Padding::Zeros => Ok(()),
-            Padding::Replicate => gpu.pad_in_place(x, PAD_REPLICATE),
+            CausalPadding::Zeros => Ok(()),
+            CausalPadding::Replicate => gpu.pad_in_place(x, PAD_REPLICATE),
         }
     }
 
@@ -549,102 +504,50 @@ impl TokenizerEncoder {
     }
 }
 
-/// What the CPU transformer checks, and what the attention kernel supports.
-fn check_transformer(c: &CodecEncoderConfig) -> Result<()> {
+/// What the kernels support beyond what the model needs (`TokenizerEncoderGeometry::new`).
+fn check_kernel_limits(c: &CodecEncoderConfig) -> Result<()> {
     ensure!(
-        c.num_key_value_heads == c.num_attention_heads,
-        "speech_tokenizer encoder_config.num_key_value_heads is {} but only {} (= \
-         num_attention_heads, as released) is supported",
-        c.num_key_value_heads,
-        c.num_attention_heads
-    );
-    ensure!(
-        c.hidden_act == "gelu",
-        "speech_tokenizer encoder_config.hidden_act {:?} is not supported (gelu)",
-        c.hidden_act
-    );
-    ensure!(
-        c.head_dim.is_multiple_of(2) && c.head_dim <= MAX_HEAD_DIM,
+        c.head_dim <= MAX_HEAD_DIM,
         "speech_tokenizer encoder_config.head_dim {}: the CUDA encoder supports even sizes up to \
          {MAX_HEAD_DIM}",
         c.head_dim
-    );
-    Ok(())
-}
-
-/// SEANet's convs under `encoder.encoder.layers.`, indexed like `MimiEncoder`'s module list
-/// (every ELU takes an index too), as the CPU reference's `Seanet::load`.
-fn load_seanet(
-    t: &Tensors,
-    packer: &mut Packer,
-    c: &CodecEncoderConfig,
-) -> Result<(CausalConv, Vec<Stage>, CausalConv, Padding)> {
-    if !c.use_causal_conv {
-        bail!("speech_tokenizer encoder_config.use_causal_conv is false; only causal is supported");
-    }
-    let padding = match c.pad_mode.as_str() {
-        "constant" => Padding::Zeros,
-        "replicate" => Padding::Replicate,
-        other => bail!(
-            "speech_tokenizer encoder_config.pad_mode {other:?} is not supported (constant, \
-             replicate)"
-        ),
-    };
-    ensure!(
-        c.audio_channels == 1,
-        "speech_tokenizer encoder_config.audio_channels is {}; only mono is supported",
-        c.audio_channels
     );
     ensure!(
         !c.use_conv_shortcut,
         "speech_tokenizer encoder_config.use_conv_shortcut is true; the CUDA encoder supports \
          the released identity shortcut only (use the CPU encoder)"
     );
-    let mut conv = |index: &str, shape, stride, dilation| {
-        let name = format!("encoder.layers.{index}");
-        CausalConv::load(t, packer, &name, shape, true, stride, dilation, padding)
-    };
-    let mut index = 0;
-    let conv_in = conv("0", [c.num_filters, 1, c.kernel_size], 1, 1)?;
-    index += 1;
-    let mut channels = c.num_filters;
+    let dim = c.vector_quantization_hidden_dimension;
+    ensure!(
+        dim <= RVQ_MAX_DIM,
+        "speech_tokenizer encoder_config.vector_quantization_hidden_dimension {dim}: the CUDA \
+         encoder supports up to {RVQ_MAX_DIM}"
+    );
+    Ok(())
+}
+
+/// SEANet's convs; the resnet blocks' shortcuts are the identity (`check_kernel_limits`).
+fn load_seanet(
+    t: &Tensors,
+    packer: &mut Packer,
+    geometry: &SeanetGeometry,
+) -> Result<(CausalConv, Vec<Stage>, CausalConv)> {
+    let mut load = |conv: &MimiConv| CausalConv::load(t, packer, conv);
+    let conv_in = load(&geometry.conv_in)?;
     let mut stages = Vec::new();
-    for &ratio in c.upsampling_ratios.iter().rev() {
-        let hidden = channels / c.compress;
+    for stage in &geometry.stages {
         let mut blocks = Vec::new();
-        for j in 0..c.num_residual_layers {
-            let block = format!("{index}.block");
-            let dilation = c.dilation_growth_rate.pow(j as u32);
+        for block in &stage.blocks {
             blocks.push(ResnetBlock {
-                conv1: conv(
-                    &format!("{block}.1"),
-                    [hidden, channels, c.residual_kernel_size],
-                    1,
-                    dilation,
-                )?,
-                conv2: conv(&format!("{block}.3"), [channels, hidden, 1], 1, 1)?,
+                conv1: load(&block.conv1)?,
+                conv2: load(&block.conv2)?,
             });
-            index += 1;
         }
-        index += 1; // ELU
-        let downsample = conv(
-            &index.to_string(),
-            [2 * channels, channels, 2 * ratio],
-            ratio,
-            1,
-        )?;
-        index += 1;
+        let downsample = load(&stage.downsample)?;
         stages.push(Stage { blocks, downsample });
-        channels *= 2;
     }
-    index += 1; // ELU
-    let conv_out = conv(
-        &index.to_string(),
-        [c.hidden_size, channels, c.last_kernel_size],
-        1,
-        1,
-    )?;
-    Ok((conv_in, stages, conv_out, padding))
+    let conv_out = load(&geometry.conv_out)?;
+    Ok((conv_in, stages, conv_out))
 }
 
 /// The transformer layers under `encoder.encoder_transformer.`, with q, k and v fused into one
@@ -714,43 +617,22 @@ fn load_transformer(
 }
 
 /// The two residual VQs under `encoder.quantizer.`: the input projections (fused) and the
-/// first `kept` codebooks, formed as the CPU reference forms them (`embed_sum /
+/// codebooks the geometry keeps, formed as the CPU reference forms them (`embed_sum /
 /// clamp(cluster_usage, 1e-5)`, `|e|²` summed in order).
 fn load_quantizers(
     t: &Tensors,
     packer: &mut Packer,
     c: &CodecEncoderConfig,
-    kept: usize,
+    geometry: &TokenizerEncoderGeometry,
 ) -> Result<(Option<usize>, Quantizer, Quantizer)> {
     let (dim, size) = (c.vector_quantization_hidden_dimension, c.codebook_size);
-    ensure!(
-        c.codebook_dim == dim,
-        "speech_tokenizer encoder_config: codebook_dim {} differs from \
-         vector_quantization_hidden_dimension {dim}; Mimi's encode needs them equal",
-        c.codebook_dim
-    );
-    ensure!(
-        dim <= RVQ_MAX_DIM,
-        "speech_tokenizer encoder_config.vector_quantization_hidden_dimension {dim}: the CUDA \
-         encoder supports up to {RVQ_MAX_DIM}"
-    );
-    let names = [
-        (
-            "semantic_residual_vector_quantizer",
-            c.num_semantic_quantizers,
-        ),
-        (
-            "acoustic_residual_vector_quantizer",
-            kept - c.num_semantic_quantizers,
-        ),
-    ];
     let project = dim != c.hidden_size;
     let mut projections = Vec::new();
     let mut quantizers = Vec::new();
-    for (name, layers) in names {
+    for &QuantizerGeometry { name, layers } in [&geometry.semantic, &geometry.acoustic] {
         if project {
             let w = t.get(
-                &format!("quantizer.{name}.input_proj.weight"),
+                &format!("{name}.input_proj.weight"),
                 &[dim, c.hidden_size, 1],
             )?;
             projections.push(transpose(&w, dim, c.hidden_size));
@@ -758,7 +640,7 @@ fn load_quantizers(
         let mut codebooks = Vec::with_capacity(layers * dim * size);
         let mut norms = Vec::with_capacity(layers * size);
         for q in 0..layers {
-            let book = format!("quantizer.{name}.layers.{q}.codebook");
+            let book = format!("{name}.layers.{q}.codebook");
             let sum = t.get(&format!("{book}.embed_sum"), &[size, dim])?;
             let usage = t.get(&format!("{book}.cluster_usage"), &[size])?;
             let embed: Vec<f32> = sum

@@ -1,10 +1,10 @@
 //! Mimi's SEANet encoder (transformers `MimiEncoder`) and the causal `MimiConv1d` it is built
 //! from: waveform `[samples, 1]` to `[samples / 960, hidden]` (25 Hz as released).
 
-use anyhow::{Result, bail, ensure};
+use anyhow::Result;
 use candle_core::Tensor;
 
-use crate::config::CodecEncoderConfig;
+use crate::encoder_geometry::{CausalPadding, MimiConv, SeanetGeometry};
 use crate::reference::conv1d::{Conv1d, Padding, pad_rows};
 use crate::reference::fused::{self, Activation};
 use crate::reference::weights::Weights;
@@ -18,25 +18,21 @@ pub(super) struct CausalConv {
 }
 
 impl CausalConv {
-    pub(super) fn load(
-        weights: &Weights,
-        name: &str,
-        shape: [usize; 3],
-        bias: bool,
-        stride: usize,
-        dilation: usize,
-        padding: Padding,
-    ) -> Result<Self> {
+    /// `weights` under `encoder.`.
+    pub(super) fn load(weights: &Weights, conv: &MimiConv) -> Result<Self> {
         Ok(Self {
             conv: Conv1d::load(
                 weights,
-                &format!("{name}.conv"),
-                shape,
-                bias,
-                stride,
-                dilation,
+                &format!("{}.conv", conv.name),
+                conv.shape(),
+                conv.bias,
+                conv.stride,
+                conv.dilation,
             )?,
-            padding,
+            padding: match conv.padding {
+                CausalPadding::Zeros => Padding::Zeros,
+                CausalPadding::Replicate => Padding::Replicate,
+            },
         })
     }
 
@@ -113,74 +109,32 @@ pub(super) struct Seanet {
 }
 
 impl Seanet {
-    /// `weights` under `encoder.encoder.layers.`; the layer indices follow `MimiEncoder`'s
-    /// module list, where every ELU also takes an index.
-    pub(super) fn load(weights: &Weights, c: &CodecEncoderConfig) -> Result<Self> {
-        if !c.use_causal_conv {
-            bail!(
-                "speech_tokenizer encoder_config.use_causal_conv is false; only causal is supported"
-            );
-        }
-        let padding = match c.pad_mode.as_str() {
-            "constant" => Padding::Zeros,
-            "replicate" => Padding::Replicate,
-            other => bail!(
-                "speech_tokenizer encoder_config.pad_mode {other:?} is not supported (constant, \
-                 replicate)"
-            ),
-        };
-        ensure!(
-            c.audio_channels == 1,
-            "speech_tokenizer encoder_config.audio_channels is {}; only mono is supported",
-            c.audio_channels
-        );
-        let conv = |index: &str, shape, stride, dilation| {
-            CausalConv::load(weights, index, shape, true, stride, dilation, padding)
-        };
-        let mut index = 0;
-        let conv_in = conv("0", [c.num_filters, 1, c.kernel_size], 1, 1)?;
-        index += 1;
-        let mut channels = c.num_filters;
-        let mut stages = Vec::new();
-        for &ratio in c.upsampling_ratios.iter().rev() {
-            let hidden = channels / c.compress;
-            let mut blocks = Vec::new();
-            for j in 0..c.num_residual_layers {
-                let block = format!("{index}.block");
-                let dilation = c.dilation_growth_rate.pow(j as u32);
-                blocks.push(ResnetBlock {
-                    conv1: conv(
-                        &format!("{block}.1"),
-                        [hidden, channels, c.residual_kernel_size],
-                        1,
-                        dilation,
-                    )?,
-                    conv2: conv(&format!("{block}.3"), [channels, hidden, 1], 1, 1)?,
-                    shortcut: c
-                        .use_conv_shortcut
-                        .then(|| conv(&format!("{index}.shortcut"), [channels, channels, 1], 1, 1))
-                        .transpose()?,
-                });
-                index += 1;
-            }
-            index += 1; // ELU
-            let downsample = conv(
-                &index.to_string(),
-                [2 * channels, channels, 2 * ratio],
-                ratio,
-                1,
-            )?;
-            index += 1;
-            stages.push(Stage { blocks, downsample });
-            channels *= 2;
-        }
-        index += 1; // ELU
-        let conv_out = conv(
-            &index.to_string(),
-            [c.hidden_size, channels, c.last_kernel_size],
-            1,
-            1,
-        )?;
+    /// `weights` under `encoder.`.
+    pub(super) fn load(weights: &Weights, geometry: &SeanetGeometry) -> Result<Self> {
+        let load = |conv: &MimiConv| CausalConv::load(weights, conv);
+        let conv_in = load(&geometry.conv_in)?;
+        let stages = geometry
+            .stages
+            .iter()
+            .map(|stage| {
+                let blocks = stage
+                    .blocks
+                    .iter()
+                    .map(|block| {
+                        Ok(ResnetBlock {
+                            conv1: load(&block.conv1)?,
+                            conv2: load(&block.conv2)?,
+                            shortcut: block.shortcut.as_ref().map(load).transpose()?,
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(Stage {
+                    blocks,
+                    downsample: load(&stage.downsample)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let conv_out = load(&geometry.conv_out)?;
         // How far back (in input samples) an output frame looks: each conv's left padding at
         // its input rate.
         let mut hop = 1;
@@ -243,6 +197,7 @@ mod tests {
 
     use super::*;
     use crate::checkpoint::Checkpoint;
+    use crate::encoder_geometry::TokenizerEncoderGeometry;
 
     /// The tiny clone fixture's SEANet (hop 960, as released) on a clip of 3 chunks and a
     /// partial frame: the chunked pass gives the one-pass frames.
@@ -251,9 +206,9 @@ mod tests {
         let dir =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/clone/tiny-base");
         let checkpoint = Checkpoint::open(&dir).unwrap();
-        let config = &checkpoint.speech_tokenizer_config.encoder_config;
+        let geometry = TokenizerEncoderGeometry::new(&checkpoint.speech_tokenizer_config).unwrap();
         let weights = Weights::new(&checkpoint.speech_tokenizer, "encoder.");
-        let seanet = Seanet::load(&weights.sub("encoder.layers"), config).unwrap();
+        let seanet = Seanet::load(&weights, &geometry.seanet).unwrap();
         assert_eq!(seanet.hop, 960);
         assert!(seanet.context_frames >= 1);
         let samples = 2 * CHUNK_FRAMES * 960 + 20 * 960 + 123;

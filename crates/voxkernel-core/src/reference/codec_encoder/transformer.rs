@@ -6,7 +6,7 @@
 //! applied: transformers 4.57.3 builds this model's mask with `create_causal_mask`, which ignores
 //! it, so a clip over 10 s attends further back than 250 steps, and so do we.
 
-use anyhow::{Result, ensure};
+use anyhow::Result;
 use candle_core::{Module, Tensor};
 use candle_nn::Linear;
 
@@ -38,25 +38,9 @@ pub(super) struct EncoderTransformer {
 }
 
 impl EncoderTransformer {
-    /// `weights` under `encoder.encoder_transformer.`.
+    /// `weights` under `encoder.encoder_transformer.`; `c` checked by
+    /// [`TokenizerEncoderGeometry::new`](crate::encoder_geometry::TokenizerEncoderGeometry::new).
     pub(super) fn load(weights: &Weights, c: &CodecEncoderConfig) -> Result<Self> {
-        ensure!(
-            c.num_key_value_heads == c.num_attention_heads,
-            "speech_tokenizer encoder_config.num_key_value_heads is {} but only {} (= \
-             num_attention_heads, as released) is supported",
-            c.num_key_value_heads,
-            c.num_attention_heads
-        );
-        ensure!(
-            c.hidden_act == "gelu",
-            "speech_tokenizer encoder_config.hidden_act {:?} is not supported (gelu)",
-            c.hidden_act
-        );
-        ensure!(
-            c.head_dim.is_multiple_of(2),
-            "speech_tokenizer encoder_config.head_dim must be even for RoPE, got {}",
-            c.head_dim
-        );
         let (hidden, width) = (c.hidden_size, c.num_attention_heads * c.head_dim);
         let bias = c.attention_bias;
         let layers = (0..c.num_hidden_layers)

@@ -1,7 +1,8 @@
 //! The Base models' speaker encoder on the GPU: ECAPA-TDNN without BatchNorm, from log-mel
 //! frames to the x-vector. Mirrors `voxkernel_core::reference::speaker_encoder` layer by layer,
-//! from the same `SpeakerEncoderGeometry`; every convolution is PyTorch's `padding="same"` with reflect padding, made by `gather_rows`
-//! into a padded copy of the input before the GEMM reads it.
+//! from the same `SpeakerEncoderGeometry`; every convolution is PyTorch's `padding="same"` with
+//! reflect padding, made by `gather_rows` into a padded copy of the input before the GEMM reads
+//! it.
 
 use anyhow::{Result, ensure};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};

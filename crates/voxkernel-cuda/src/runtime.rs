@@ -332,10 +332,17 @@ mod tests {
             ("codec", CODEC_SOURCE, ""),
             ("prefill", PREFILL_SOURCE, "gemm"),
         ];
+        // A line no earlier compile has seen: the GPU machine's NVRTC 13.0 answered a source it
+        // had compiled before in 0.07 s (a cache, it seems) with an empty log, no ptxas report.
+        let unique = format!(
+            "\n// spill check {:?}\n",
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)
+        );
         let compiles: Vec<_> = builds
             .into_iter()
             .map(|(what, source, kernel)| {
-                std::thread::spawn(move || (what, kernel, compile_cubin(source, "sm_90a")))
+                let source = format!("{source}{unique}");
+                std::thread::spawn(move || (what, kernel, compile_cubin(&source, "sm_90a")))
             })
             .collect();
         for handle in compiles {

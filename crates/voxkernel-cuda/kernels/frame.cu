@@ -250,7 +250,8 @@ __device__ void collect(const u64* src, int n, u32 tag, float* out) {
 // its loop counters (no state to carry). Predictor pass `step` owns 3 + 5 L numbers (L layers)
 // from pass_exchange(p, step): +0 the projection's x, +1 + 5 l + k layer l's (k: LX_*),
 // +1 + 5 L the head's logits, +2 + 5 L the next input x (sampling, or codebook 0's embedding
-// after an unfused first pass; a fused one uses pass 1's numbers). The talker's follow: +5 l + k for layer l, +5 L its head's logits.
+// after an unfused first pass; a fused one uses pass 1's numbers). The talker's follow: +5 l + k
+// for layer l, +5 L its head's logits.
 #define LX_QKV 0
 #define LX_ATTN 1
 #define LX_O 2     // x after the o projection

@@ -334,9 +334,10 @@ mod tests {
         ];
         // A line no earlier compile has seen: the GPU machine's NVRTC 13.0 answered a source it
         // had compiled before in 0.07 s (a cache, it seems) with an empty log, no ptxas report.
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
         let unique = format!(
-            "\n// spill check {:?}\n",
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)
+            "\n// spill check at {} ns\n",
+            now.unwrap_or_default().as_nanos()
         );
         let compiles: Vec<_> = builds
             .into_iter()

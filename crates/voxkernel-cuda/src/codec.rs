@@ -18,8 +18,8 @@ use cudarc::driver::sys::{
     CUstreamCaptureMode,
 };
 use cudarc::driver::{
-    CudaEvent, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DeviceRepr,
-    LaunchConfig, PinnedHostSlice, PushKernelArg,
+    CudaEvent, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, LaunchConfig,
+    PinnedHostSlice, PushKernelArg,
 };
 use voxkernel_core::backend::{CodecBackend, CodecSlot, Frame, NUM_CODE_GROUPS};
 use voxkernel_core::checkpoint::{Checkpoint, SafetensorsFile};
@@ -241,24 +241,18 @@ struct FinalParams {
     rows: i32,
 }
 
-// SAFETY: plain-old-data `#[repr(C)]` structs of integers, floats and device addresses, passed by
-// value as kernel parameters (or, for `HistLayer`, copied to the device as an array); each one's
-// layout mirrors the struct of the same role in kernels/codec.cu.
-unsafe impl DeviceRepr for Batch {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for HistLayer {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for HistParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for RvqParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for GemmParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for AttnParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for DwNormParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for FinalParams {}
+// Kernel parameters, each mirroring its struct in kernels/codec.cu (`HistLayer` is also copied to
+// the device as an array).
+kernel_params!(
+    Batch,
+    HistLayer,
+    HistParams,
+    RvqParams,
+    GemmParams,
+    AttnParams,
+    DwNormParams,
+    FinalParams,
+);
 
 // ---- the decoder's shape ----
 

@@ -1,8 +1,6 @@
 //! `#[repr(C)]` mirrors of the structs in `kernels/frame.cu` and `kernels/prefill.cu`. Field order and types must match
 //! the CUDA side exactly; device pointers are plain `u64`.
 
-use cudarc::driver::DeviceRepr;
-
 /// Sequences one frame launch can carry (`MAX_B` in the kernel).
 pub const MAX_BATCH: usize = 4;
 /// Threads per block (`THREADS` in the kernel).
@@ -235,15 +233,8 @@ pub struct Rows {
     pub eps: f32,
 }
 
-// SAFETY: plain-old-data `#[repr(C)]` structs of integers, floats and device addresses, passed by
-// value as kernel parameters; their layout mirrors the CUDA structs.
-unsafe impl DeviceRepr for FrameParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for Gemm {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for Project {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for Rows {}
+// Kernel parameters, each mirroring its struct in kernels/frame.cu or kernels/prefill.cu.
+kernel_params!(FrameParams, Gemm, Project, Rows);
 
 /// Codec-track kinds of a prompt row (`CODEC_*` in prefill.cu).
 pub const CODEC_NONE: i32 = 0;

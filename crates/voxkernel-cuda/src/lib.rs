@@ -6,6 +6,19 @@
 //! Kernels are compiled at first use with NVRTC and cached on disk. This is the only crate with
 //! `unsafe` code.
 
+/// Lets kernels take the listed structs by value (or as device arrays). List only `#[repr(C)]`
+/// plain-old-data structs of integers, floats and device addresses whose layout mirrors the
+/// struct of the same role in the kernel source.
+macro_rules! kernel_params {
+    ($($name:ident),+ $(,)?) => {
+        $(
+            // SAFETY: per the macro's contract, a `#[repr(C)]` struct of plain values whose
+            // layout is the kernel's.
+            unsafe impl cudarc::driver::DeviceRepr for $name {}
+        )+
+    };
+}
+
 mod backend;
 pub mod bench;
 mod codec;

@@ -17,9 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result, bail, ensure};
 use cudarc::driver::sys::CUdevice_attribute;
-use cudarc::driver::{
-    CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use voxkernel_core::backend::Frame;
 use voxkernel_core::checkpoint::{Checkpoint, SafetensorsFile};
 use voxkernel_core::reference::mel::MelSpectrogram;
@@ -152,24 +150,17 @@ struct RvqEncodeParams {
     first_code: i32,
 }
 
-// SAFETY: plain-old-data `#[repr(C)]` structs of integers, floats and device addresses, passed by
-// value as kernel parameters; each one's layout mirrors the struct of the same role in
-// kernels/encoder.cu.
-unsafe impl DeviceRepr for GatherParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for LayerNormParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for RopeParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for CausalAttnParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for SeGateParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for SeApplyParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for PoolParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for RvqEncodeParams {}
+// Kernel parameters, each mirroring its struct in kernels/encoder.cu.
+kernel_params!(
+    GatherParams,
+    LayerNormParams,
+    RopeParams,
+    CausalAttnParams,
+    SeGateParams,
+    SeApplyParams,
+    PoolParams,
+    RvqEncodeParams,
+);
 
 /// Time-major rows on the device: `pad` rows of padding, the `rows` rows a layer wrote, then
 /// `tail` rows of padding; `width` floats each. Allocated zeroed, so zero padding needs nothing

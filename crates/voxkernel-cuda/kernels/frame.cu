@@ -582,7 +582,7 @@ __device__ __forceinline__ void await_head(const u64* src, int hd, u32 tag,
 // Attention runs in blocks of one (sequence, kv head, chunk of attention_chunk positions); with
 // attention_chunk 0 a sequence's positions are one chunk. `chunks` is the same for every
 // sequence of a phase: enough for the longest (the others' last chunks are empty). The code
-// predictor's passes (at most 17 positions) always run one chunk, so that a (sequence, kv head)
+// predictor's passes (at most 16 positions) always run one chunk, so that a (sequence, kv head)
 // keeps one block and its cache rows never cross blocks within a launch.
 // Per (sequence, kv head, chunk): q/k RMSNorm, RoPE, the KV append (by the chunk holding pos;
 // warp 0 rotates and appends K, warps 1..group its q heads, the next warp appends V), then the
@@ -609,7 +609,8 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
     const int b = task / (s.n_kv * chunks), g = task / chunks % s.n_kv, c = task % chunks;
     const int row = b + back * nb, pos = pos_of[b] - back;
     const int first = c * p.attention_chunk;  // 0 when attention_chunk is
-    const int end = chunks > 1 && first + p.attention_chunk - 1 < pos ? first + p.attention_chunk - 1 : pos;
+    const int chunk_end = first + p.attention_chunk - 1;
+    const int end = chunks > 1 && chunk_end < pos ? chunk_end : pos;
     const u64* qkv = p.qkv + (size_t)row * p.max_qkv;
     // the chunk holding pos appends its K and V (with one chunk, pos may lie past the chunk size)
     const int own_chunk = chunks == 1 ? 0 : pos / p.attention_chunk;

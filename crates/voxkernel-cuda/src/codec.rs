@@ -1350,13 +1350,9 @@ impl CudaCodec {
         )?;
         let kv_ptr = device_ptr(&kv, &stream);
         let workspace_buf = zeros::<f32>(&stream, SPLIT_WORKSPACE_FLOATS, "split-depth workspace")?;
-        let counters_buf = stream
-            .alloc_zeros::<u32>(SPLIT_COUNTERS)
-            .context("allocating split-depth counters")?;
+        let counters_buf = zeros::<u32>(&stream, SPLIT_COUNTERS, "split-depth counters")?;
         let layout = TableLayout::new(frames_cap, entries_cap, dims.head_dim / 2);
-        let tables = stream
-            .alloc_zeros::<u32>(layout.len)
-            .context("allocating pass tables")?;
+        let tables = zeros::<u32>(&stream, layout.len, "pass tables")?;
         let table_ptr = device_ptr(&tables, &stream);
         let at = |words: usize| table_ptr + 4 * words as u64;
         let batch_base = Batch {
@@ -1538,10 +1534,7 @@ impl CudaCodec {
             self._owned._workspace = buf;
         }
         if counters > SPLIT_COUNTERS {
-            let buf = self
-                .stream
-                .alloc_zeros::<u32>(counters)
-                .context("allocating split-depth counters")?;
+            let buf = zeros::<u32>(&self.stream, counters, "split-depth counters")?;
             self.counters = device_ptr(&buf, &self.stream);
             self._owned._counters = buf;
         }

@@ -304,12 +304,8 @@ impl Gpu {
             rvq: module.load_function("rvq_encode")?,
         };
         let workspace = zeros::<f32>(&stream, SPLIT_WORKSPACE_FLOATS, "split-depth workspace")?;
-        let counters = stream
-            .alloc_zeros::<u32>(SPLIT_COUNTERS)
-            .context("allocating split-depth counters")?;
-        let tables = stream
-            .alloc_zeros::<u32>(8)
-            .context("allocating the batch tables")?;
+        let counters = zeros::<u32>(&stream, SPLIT_COUNTERS, "split-depth counters")?;
+        let tables = zeros::<u32>(&stream, 8, "the batch tables")?;
         let t = device_ptr(&tables, &stream);
         let batch = Batch {
             frame_entry: t,

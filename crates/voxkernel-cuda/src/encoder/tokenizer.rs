@@ -27,7 +27,7 @@ use super::{
 use crate::codec::{
     ACT_ELU, ACT_NONE, EPI_GELU, EPI_NONE, EPI_RESIDUAL, Packer, conv_weight, transpose,
 };
-use crate::runtime::device_ptr;
+use crate::runtime::{device_ptr, zeros};
 
 /// Floor of `cluster_usage` when the codebook is formed (`MimiEuclideanCodebook.epsilon`).
 const CLUSTER_USAGE_MIN: f32 = 1e-5;
@@ -469,10 +469,7 @@ impl TokenizerEncoder {
             }
             None => None,
         };
-        let codes = gpu
-            .stream
-            .alloc_zeros::<u32>(frames * NUM_CODE_GROUPS)
-            .context("allocating codes")?;
+        let codes = zeros::<u32>(&gpu.stream, frames * NUM_CODE_GROUPS, "codes")?;
         let codes_ptr = device_ptr(&codes, &gpu.stream);
         let (input, in_ld, acoustic_column) = match &projected {
             Some(p) => (p.row(0), p.width, self.dim),

@@ -1,7 +1,7 @@
-// voxkernel frame megakernel (version 1.6: phases chained by tagged words, no grid barriers; o,
+// voxkernel frame megakernel (version 1.7: phases chained by tagged words, no grid barriers; o,
 // down and gate|up tasks shared by warp pairs; V appended by a warp of its own; norm weights
 // loaded before the wait; a sampler with two barriers per radix round; the predictor's first
-// two positions in one pass).
+// two positions in one pass; one exp per warp state in the attention's merge).
 //
 // One cooperative launch advances up to MAX_B sequences by one audio frame:
 //   code predictor (15 passes: past_hidden and CE(c0) as two rows of one pass, or as two
@@ -743,12 +743,16 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
         const float* ql = wl + qi * WARPS;
         float big = NEG_INF;
         for (int w = 0; w < WARPS; w++) big = fmaxf(big, qm[w]);
-        float denom = 0.f;
-        for (int w = 0; w < WARPS; w++)
-          if (ql[w] > 0.f) denom += ql[w] * expf(qm[w] - big);
-        float num = 0.f;
-        for (int w = 0; w < WARPS; w++)
-          if (ql[w] > 0.f) num += wacc[(qi * WARPS + w) * hd + i] * expf(qm[w] - big);
+        // (one exp per warp state, shared by both sums: the merge is on the attention's critical
+        // path, and the exp calls were most of it)
+        float denom = 0.f, num = 0.f;
+        for (int w = 0; w < WARPS; w++) {
+          if (ql[w] > 0.f) {
+            const float f = expf(qm[w] - big);
+            denom += ql[w] * f;
+            num += wacc[(qi * WARPS + w) * hd + i] * f;
+          }
+        }
         const int head = g * gs + q0 + qi;
         if (chunks == 1) {
           publish(p.attn + (size_t)row * p.max_q + head * hd + i, num / denom, t_attn);

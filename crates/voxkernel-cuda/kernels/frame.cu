@@ -1,7 +1,8 @@
-// voxkernel frame megakernel (version 1.7: phases chained by tagged words, no grid barriers; o,
+// voxkernel frame megakernel (version 1.8: phases chained by tagged words, no grid barriers; o,
 // down and gate|up tasks shared by warp pairs; V appended by a warp of its own; norm weights
 // loaded before the wait; a sampler with two barriers per radix round; the predictor's first
-// two positions in one pass; one exp per warp state in the attention's merge).
+// two positions in one pass; one exp per warp state in the attention's merge; matvec inputs in
+// two planes, so that their shared-memory reads use every bank).
 //
 // One cooperative launch advances up to MAX_B sequences by one audio frame:
 //   code predictor (15 passes: past_hidden and CE(c0) as two rows of one pass, or as two
@@ -227,8 +228,19 @@ __device__ __forceinline__ float word_value(u64 w) { return __uint_as_float((u32
 // Words a thread loads before it waits on the first.
 #define COLLECT_DEPTH 8
 
-// out[i] = the value of src[i] for i < n, once each carries `tag` (the block's threads share
-// the words; the caller synchronises the block before reading `out`).
+// Where element i of a matvec input row of n elements lives in xs: the row's 16-byte chunks of 8
+// elements are split into two planes, their first halves then their second halves. A matvec
+// lane reads one chunk's 8 inputs as two 16-byte loads; with the chunks of a warp's lanes
+// adjacent in each plane, the 32 lanes of each load cover every bank once (packed chunks, 32
+// bytes apart, would use half the banks and take twice the cycles).
+__device__ __forceinline__ int plane_index(int i, int n) {
+  return ((i >> 2) & 1) * (n >> 1) + ((i >> 3) << 2) + (i & 3);
+}
+
+// out[i] = the value of src[i] for i < n (with PLANES, out[plane_index(i, n)]), once each
+// carries `tag` (the block's threads share the words; the caller synchronises the block before
+// reading `out`).
+template <bool PLANES = false>
 __device__ void collect(const u64* src, int n, u32 tag, float* out) {
   for (int base = tid(); base < n; base += THREADS * COLLECT_DEPTH) {
     // (every element set: a conditionally set one would count as live from the kernel's entry)
@@ -241,7 +253,7 @@ __device__ void collect(const u64* src, int n, u32 tag, float* out) {
       const int i = base + j * THREADS;
       if (i >= n) continue;
       while ((u32)(w[j] >> 32) != tag) w[j] = ld_word(src + i);
-      out[i] = word_value(w[j]);
+      out[PLANES ? plane_index(i, n) : i] = word_value(w[j]);
     }
   }
 }
@@ -318,34 +330,39 @@ __device__ __forceinline__ void inputs_arrived(const Params& p) {
   if (p.marks && bid() == 0 && tid() == 0) record_mark(p.marks, p.max_marks, PH_WAIT);
 }
 
-// x of every sequence (its first n elements) into out ([nb][n], shared memory); a thread's
-// elements are i = tid + j * THREADS (collect's), and the caller synchronises the block.
+// x of every sequence (its first n elements) into out ([nb][n], shared memory; with PLANES as
+// a matvec input, plane_index); a thread's elements are i = tid + j * THREADS (collect's), and
+// the caller synchronises the block.
+template <bool PLANES = false>
 __device__ void collect_x_rows(const Params& p, int in, int nb, int n, float* out) {
   const int H = p.talker.hidden;
   for (int b = 0; b < nb; b++) {
     float* o = out + b * n;
     if (in >= 0) {
-      collect(x_buffer(p, in >> 16) + (size_t)b * p.max_hidden, n, tag_of(p, in & 0xffff), o);
+      collect<PLANES>(x_buffer(p, in >> 16) + (size_t)b * p.max_hidden, n,
+                      tag_of(p, in & 0xffff), o);
     } else if (in == X_C0_PAST && b < nb / 2) {
       const bf16_t* src = p.codec_embedding + (size_t)p.c0[b] * H;
-      for (int i = tid(); i < n; i += THREADS) o[i] = bf2f(src[i]);
+      for (int i = tid(); i < n; i += THREADS) o[PLANES ? plane_index(i, n) : i] = bf2f(src[i]);
     } else {
       const float* src = in == X_PLAIN ? p.x + (size_t)b * p.max_hidden
                          : p.past_hidden + (size_t)p.slot[in == X_C0_PAST ? b - nb / 2 : b] * H;
-      for (int i = tid(); i < n; i += THREADS) o[i] = src[i];
+      for (int i = tid(); i < n; i += THREADS) o[PLANES ? plane_index(i, n) : i] = src[i];
     }
   }
 }
 
-__device__ void collect_x(const Params& p, int in, int nb, int n, float* out) {
-  collect_x_rows(p, in, nb, n, out);
+// x of every sequence as matvec inputs (xs).
+__device__ void collect_x(const Params& p, int in, int nb, int n, float* xs) {
+  collect_x_rows<true>(p, in, nb, n, xs);
   __syncthreads();
 }
 
 // Norm weights a thread holds (its elements of the widest hidden, 2,048).
 #define NORM_REGS 4
 
-// x of every sequence into xr ([nb][n]) and rmsnorm(x) * w into xs (every block that needs the
+// x of every sequence into xr ([nb][n]) and rmsnorm(x) * w into xs (as matvec inputs, in
+// planes; every block that needs the
 // norm computes it: cheaper than an exchange). The weights are loaded before the words are
 // awaited, and each thread squares and scales the elements it collected itself, so that one
 // barrier (the sums of squares) stands between the last word's arrival and the normed rows.
@@ -380,7 +397,7 @@ __device__ void collect_x_norm(const Params& p, int in, int nb, int n, const bf1
 #pragma unroll
     for (int j = 0; j < NORM_REGS; j++) {
       const int i = tid() + j * THREADS;
-      if (i < n) xs[b * n + i] = wv[j] * (xr[b * n + i] * r);
+      if (i < n) xs[b * n + plane_index(i, n)] = wv[j] * (xr[b * n + i] * r);
     }
   }
   __syncthreads();
@@ -444,18 +461,18 @@ __device__ FirstChunks first_chunks(const bf16_t* W, int rows, int K, int split 
   return f;
 }
 
-// Every warp of the grid takes whole tasks: task t is output row t, y[b][t] = W[t] . xs[b], and
-// with `pair` > 0 also row t + pair (gate and up rows of one SiLU * up output; pairs need SPLIT
-// 2); tasks are dealt by warp_task. K must be a multiple of 8 (16-byte weight loads). A warp
-// walks the batches of MATVEC_DEPTH chunks per lane of all its rows as one stream and loads the
-// next batch (of the same row or of its next row) before it uses the current one, so that a
-// warp's rows do not each wait a memory round trip; the first batch is `first` (first_chunks of
-// the same W, tasks, K, split and pair). Each row's sum runs over its chunks in order.
-// `emit(b, t, y_t, y_t+pair)` (the second 0 without a pair) is called by lane 0. With SPLIT 2,
-// warp_task's pairs of warps share each task (half of K each, or with a pair one row each): the
-// odd warp hands its sum to the even one through `pair_sums` (2 * WARPS * MAX_B shared words;
-// the host sizes the work area for them), which adds it to its own (or takes it as the pair's
-// second row) and emits.
+// Every warp of the grid takes whole tasks: task t is output row t, y[b][t] = W[t] . xs[b] (xs
+// in planes: plane_index), and with `pair` > 0 also row t + pair (gate and up rows of one
+// SiLU * up output; pairs need SPLIT 2); tasks are dealt by warp_task. K must be a multiple of 8
+// (16-byte weight loads). A warp walks the batches of MATVEC_DEPTH chunks per lane of all its
+// rows as one stream and loads the next batch (of the same row or of its next row) before it
+// uses the current one, so that a warp's rows do not each wait a memory round trip; the first
+// batch is `first` (first_chunks of the same W, tasks, K, split and pair). Each row's sum runs
+// over its chunks in order. `emit(b, t, y_t, y_t+pair)` (the second 0 without a pair) is called
+// by lane 0. With SPLIT 2, warp_task's pairs of warps share each task (half of K each, or with
+// a pair one row each): the odd warp hands its sum to the even one through `pair_sums` (2 *
+// WARPS * MAX_B shared words; the host sizes the work area for them), which adds it to its own
+// (or takes it as the pair's second row) and emits.
 template <int SPLIT = 1, typename Emit>
 __device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const float* xs, int nb,
                              const FirstChunks& first, Emit emit, float* pair_sums = nullptr) {
@@ -498,8 +515,8 @@ __device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const 
 #pragma unroll
       for (int b = 0; b < MAX_B; b++) {
         if (b < nb) {
-          const float4* xv = reinterpret_cast<const float4*>(xs + b * K + i * 8);
-          const float4 a = xv[0], c = xv[1];
+          const float4 a = *reinterpret_cast<const float4*>(xs + b * K + i * 4);
+          const float4 c = *reinterpret_cast<const float4*>(xs + b * K + (K >> 1) + i * 4);
           acc[b] += w0 * a.x + w1 * a.y + w2 * a.z + w3 * a.w + w4 * c.x + w5 * c.y + w6 * c.z +
                     w7 * c.w;
         }
@@ -810,7 +827,7 @@ __device__ void residual_product(const Params& p, int H, const bf16_t* W, int K,
   float* xs = sm_xs();
   const float* xr = sm_xr(p);
   if (has_rows(H)) {
-    for (int b = 0; b < nb; b++) collect(in + (size_t)b * stride, K, tag_in, xs + b * K);
+    for (int b = 0; b < nb; b++) collect<true>(in + (size_t)b * stride, K, tag_in, xs + b * K);
     __syncthreads();
     inputs_arrived(p);
   }
@@ -1348,7 +1365,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) frame_kernel(const Para
   if (bid() == 0)
     for (int b = 0; b < nb; b++)
       for (int i = tid(); i < H; i += THREADS)
-        p.past_hidden[(size_t)p.slot[b] * H + i] = sm_xs()[b * H + i];
+        p.past_hidden[(size_t)p.slot[b] * H + i] = sm_xs()[b * H + plane_index(i, H)];
   end_phase(p, PH_TALKER | PH_HEAD);
   for (int b = bid(); b < nb; b += gridDim.x) {
     const int own = sample_talker(p, b, tag_of(p, head_ex), sm_work(p), sm_red(p), sm_redi(p));

@@ -41,6 +41,7 @@ pub struct SamplerParams {
     /// `false` means greedy (argmax after the logit processors).
     pub do_sample: bool,
     pub temperature: f32,
+    /// 0 keeps every logit: transformers' `generate` adds no top-k warper for `top_k=0`.
     pub top_k: usize,
     pub top_p: f32,
     /// Only the talker uses it; the sub-talker's is always 1.0.
@@ -57,9 +58,6 @@ impl SamplerParams {
                 field("temperature"),
                 self.temperature
             );
-        }
-        if self.top_k < 1 {
-            bail!("{} must be at least 1, got {}", field("top_k"), self.top_k);
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             bail!("{} must be in (0, 1], got {}", field("top_p"), self.top_p);
@@ -412,6 +410,25 @@ mod tests {
     }
 
     #[test]
+    fn top_k_zero_is_accepted_and_keeps_every_logit() {
+        let p = params(true, 0.9, 0, 1.0);
+        p.validate(|f| f.to_string()).unwrap();
+        let logits: Vec<f32> = (0..100).map(|i| i as f32 * 0.01).collect();
+        let whole = params(true, 0.9, logits.len(), 1.0);
+        let mut low = 0;
+        for frame in 0..200 {
+            let u = uniform(3, frame, 1);
+            let id = sample_subtalker(&mut logits.clone(), &p, u);
+            assert_eq!(id, sample_subtalker(&mut logits.clone(), &whole, u));
+            low += usize::from(id < 50);
+        }
+        assert!(
+            low > 0,
+            "top_k 0 must not filter: no draw below id 50 in 200"
+        );
+    }
+
+    #[test]
     fn top_p_removes_the_low_tail_and_keeps_at_least_one() {
         // probabilities 0.5, 0.25, 0.125, 0.125 (ids 0..4)
         let base: Vec<f32> = [0.5f32, 0.25, 0.125, 0.125]
@@ -467,10 +484,14 @@ mod tests {
             .validate(|f| format!("subtalker.{f}"))
             .unwrap_err();
         assert!(err.to_string().contains("subtalker.top_p"), "{err}");
-        let err = params(true, 1.0, 0, 1.0)
+        let no_penalty = SamplerParams {
+            repetition_penalty: 0.0,
+            ..params(true, 1.0, 50, 1.0)
+        };
+        let err = no_penalty
             .validate(|f| format!("--{}", f.replace('_', "-")))
             .unwrap_err();
-        assert!(err.to_string().contains("--top-k"), "{err}");
+        assert!(err.to_string().contains("--repetition-penalty"), "{err}");
         assert!(params(false, 0.0, 1, 1.0).validate(talker).is_ok());
     }
 }

@@ -92,7 +92,7 @@ class VoxkernelSampling:
 
     Parameters:
         temperature: Softmax temperature, > 0.
-        top_k: Keep the k most likely codes, >= 1.
+        top_k: Keep the k most likely codes, >= 0 (0 keeps every code).
         top_p: Nucleus sampling threshold, in (0, 1].
         repetition_penalty: Penalty for repeated codes, > 0.
         greedy: Pick the most likely code (ignores the other fields).

@@ -362,10 +362,10 @@ __device__ void collect_x(const Params& p, int in, int nb, int n, float* xs) {
 #define NORM_REGS 4
 
 // x of every sequence into xr ([nb][n]) and rmsnorm(x) * w into xs (as matvec inputs, in
-// planes; every block that needs the
-// norm computes it: cheaper than an exchange). The weights are loaded before the words are
-// awaited, and each thread squares and scales the elements it collected itself, so that one
-// barrier (the sums of squares) stands between the last word's arrival and the normed rows.
+// planes; every block that needs the norm computes it: cheaper than an exchange). The weights
+// are loaded before the words are awaited, and each thread squares and scales the elements it
+// collected itself, so that one barrier (the sums of squares) stands between the last word's
+// arrival and the normed rows.
 __device__ void collect_x_norm(const Params& p, int in, int nb, int n, const bf16_t* w, float eps,
                                float* xr, float* xs) {
   const int warp = tid() >> 5, lane = tid() & 31;

@@ -462,23 +462,26 @@ fn gumbel_max_draw(warped: &[f32], seed: u64, n_sampled: u32, group: u32) -> u32
     best.1
 }
 
-/// Every codebook-0 draw of sampled runs (top_p off, then 0.6), recomputed on the CPU from the
-/// kernel's own raw logits: the kernel's top-k threshold, top-p nucleus and Gumbel-max draw must
-/// give exactly the id the CPU computes, and that id must be among the reference's candidates.
+/// Every codebook-0 draw of sampled runs (top_p off, then 0.6, then top_k 0: no top-k at all),
+/// recomputed on the CPU from the kernel's own raw logits: the kernel's top-k threshold, top-p
+/// nucleus and Gumbel-max draw must give exactly the id the CPU computes, and that id must be
+/// among the reference's candidates.
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
-fn codebook0_draws_equal_the_cpu_recomputation_with_and_without_top_p() {
+fn codebook0_draws_equal_the_cpu_recomputation_with_and_without_top_k_and_top_p() {
     require_gpu_and_fixtures();
     let dir = fixture_root().join("tiny-custom-voice");
     let ckpt = Checkpoint::open(&dir).unwrap();
     let eos = ckpt.config.talker.codec_eos_token_id;
     let cases = load_cases(&dir);
     let mut backend = CudaBackend::new(&ckpt, options()).unwrap();
-    for top_p in [1.0, 0.6] {
-        let (mut draws, mut narrowed) = (0usize, 0usize);
+    let default_top_k = sampled(&ckpt, 0).talker.top_k;
+    for (top_k, top_p) in [(default_top_k, 1.0), (default_top_k, 0.6), (0, 1.0)] {
+        let (mut draws, mut narrowed, mut beyond_default_k) = (0usize, 0usize, 0usize);
         for case in &cases[..3] {
             for seed in 0..4 {
                 let mut sampling = sampled(&ckpt, seed);
+                sampling.talker.top_k = top_k;
                 sampling.talker.top_p = top_p;
                 sampling.subtalker.top_p = top_p;
                 let slot = backend
@@ -497,7 +500,7 @@ fn codebook0_draws_equal_the_cpu_recomputation_with_and_without_top_p() {
                     let (warped, top_k_kept) =
                         reference_warped(&logits, &history, eos, &sampling.talker);
                     let label = format!(
-                        "top_p {top_p} {} seed {seed} draw {}",
+                        "top_k {top_k} top_p {top_p} {} seed {seed} draw {}",
                         case.name,
                         history.len()
                     );
@@ -513,6 +516,11 @@ fn codebook0_draws_equal_the_cpu_recomputation_with_and_without_top_p() {
                     draws += 1;
                     narrowed +=
                         (warped.iter().filter(|x| x.is_finite()).count() < top_k_kept) as usize;
+                    let above = warped
+                        .iter()
+                        .filter(|&&x| x > warped[drawn as usize])
+                        .count();
+                    beyond_default_k += (above >= default_top_k) as usize;
                     if drawn == eos {
                         break;
                     }
@@ -522,7 +530,17 @@ fn codebook0_draws_equal_the_cpu_recomputation_with_and_without_top_p() {
                 backend.release(slot);
             }
         }
-        println!("top_p {top_p}: {draws} codebook-0 draws, {narrowed} from a narrower nucleus");
+        println!(
+            "top_k {top_k} top_p {top_p}: {draws} codebook-0 draws, {narrowed} from a narrower \
+             nucleus, {beyond_default_k} outside the default top {default_top_k}"
+        );
+        if top_k == 0 {
+            assert!(
+                beyond_default_k > 0,
+                "with top_k 0 no draw fell outside the default top {default_top_k}: the test \
+                 cannot tell top-k off from on"
+            );
+        }
         if top_p < 1.0 {
             assert!(
                 narrowed * 2 >= draws,

@@ -10,14 +10,8 @@
 // On the GPU machine: nvcc -O3 -arch=sm_90a -o /tmp/cluster_bench scripts/gpu/cluster_bench.cu
 // && /tmp/cluster_bench && for i in $(seq 0 30); do timeout 20 /tmp/cluster_bench $i || echo "run $i: $?"; done
 #include <cstdio>
-#include <cstdint>
+#include "bench_words.cuh"
 #include <cstdlib>
-typedef unsigned long long u64;
-typedef unsigned int u32;
-__device__ __forceinline__ u64 ldw(const u64* p){u64 v;asm volatile("ld.relaxed.gpu.global.u64 %0,[%1];":"=l"(v):"l"(p):"memory");return v;}
-__device__ __forceinline__ void stw(u64* p,u64 v){asm volatile("st.relaxed.gpu.global.u64 [%0],%1;"::"l"(p),"l"(v):"memory");}
-__device__ __forceinline__ uint4 ldnc(const void* p){uint4 r;asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3},[%4];":"=r"(r.x),"=r"(r.y),"=r"(r.z),"=r"(r.w):"l"(p));return r;}
-__device__ __forceinline__ u32 sa(const void* p){return (u32)__cvta_generic_to_shared(p);}
 __device__ __forceinline__ u32 rank(){u32 r;asm volatile("mov.u32 %0, %%cluster_ctarank;":"=r"(r));return r;}
 __device__ __forceinline__ u32 peer_addr(u32 a,u32 r){u32 d;asm volatile("mapa.shared::cluster.u32 %0, %1, %2;":"=r"(d):"r"(a),"r"(r));return d;}
 __device__ __forceinline__ void st_peer(u32 a,float v){asm volatile("st.shared::cluster.f32 [%0], %1;"::"r"(a),"f"(v):"memory");}
@@ -39,7 +33,7 @@ extern __shared__ __align__(128) unsigned char dsm[];
 template<int D>
 __global__ void __launch_bounds__(512,1) chain(u64* words, int iters, u32 epoch, const uint4* W, size_t wchunks, int mode, int S, float* sink){
   float* buf=(float*)dsm;                // two buffers of 1,024 floats
-  float* tmp=buf+2048;                   // 1,024 floats (mode 2)
+  float* tmp=buf+2048;                   // up to 2,048 floats (mode 2)
   const int t=threadIdx.x, lane=t&31, warp=t>>5;
   const int clusters=gridDim.x/S, c=blockIdx.x/S;
   const u32 r=mode==1||mode==2||mode==4?rank():0;

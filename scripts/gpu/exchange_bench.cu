@@ -4,13 +4,7 @@
 // On the GPU machine: nvcc -O3 -arch=sm_90a -o /tmp/exchange_bench scripts/gpu/exchange_bench.cu
 // && /tmp/exchange_bench
 #include <cstdio>
-#include <cstdint>
-typedef unsigned long long u64;
-typedef unsigned int u32;
-__device__ __forceinline__ u64 ldw(const u64* p){u64 v;asm volatile("ld.relaxed.gpu.global.u64 %0,[%1];":"=l"(v):"l"(p):"memory");return v;}
-__device__ __forceinline__ void stw(u64* p,u64 v){asm volatile("st.relaxed.gpu.global.u64 [%0],%1;"::"l"(p),"l"(v):"memory");}
-__device__ __forceinline__ uint4 ldnc(const void* p){uint4 r;asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3},[%4];":"=r"(r.x),"=r"(r.y),"=r"(r.z),"=r"(r.w):"l"(p));return r;}
-__device__ __forceinline__ u32 sa(const void* p){return (u32)__cvta_generic_to_shared(p);}
+#include "bench_words.cuh"
 extern __shared__ __align__(128) unsigned char dsm[];
 // kind 0: D uint4 per lane loaded before the wait (register preload)
 // kind 1: D uint4 per lane loaded after the wait (no preload)

@@ -3,12 +3,8 @@
 // until the count is complete; compare with exchange_bench.cu's tagged words. On the GPU machine:
 // nvcc -O3 -arch=sm_90a -o /tmp/reduce_bench scripts/gpu/reduce_bench.cu && /tmp/reduce_bench
 #include <cstdio>
-#include <cstdint>
-typedef unsigned long long u64;
-typedef unsigned int u32;
-__device__ __forceinline__ u64 ldw(const u64* p){u64 v;asm volatile("ld.relaxed.gpu.global.u64 %0,[%1];":"=l"(v):"l"(p):"memory");return v;}
+#include "bench_words.cuh"
 __device__ __forceinline__ void redw(u64* p,u64 v){asm volatile("red.relaxed.gpu.global.add.u64 [%0],%1;"::"l"(p),"l"(v):"memory");}
-__device__ __forceinline__ uint4 ldnc(const void* p){uint4 r;asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3},[%4];":"=r"(r.x),"=r"(r.y),"=r"(r.z),"=r"(r.w):"l"(p));return r;}
 __device__ __forceinline__ bool complete(u64 v, u32 nblk){ long long d=(long long)(v-((u64)nblk<<56)); return d> -(1ll<<55) && d < (1ll<<55);}
 template<int D>
 __global__ void __launch_bounds__(512,1) chain(u64* accs, int n, int stride, int iters, const uint4* W, size_t wchunks, int loads, float* sink){

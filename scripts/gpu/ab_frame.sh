@@ -5,8 +5,10 @@
 #   bash .gpu-ab/ab_frame.sh run                 (carry .gpu and .gpu-ab; .gpu from pack.sh has
 #                                                 make_ckpt.py and its wheels; without
 #                                                 .gpu-ab/voxkernel.xz, .gpu/bin's is used)
-# Each source is compiled there with the machine's NVRTC and loaded through VOXKERNEL_CUBIN by
-# one `voxkernel` binary, whose host side must match every variant's Params and shared memory.
+# Each source is compiled there with the machine's NVRTC, as is and with `#define SOLO 1` first
+# (the build for launches of one sequence), and loaded through VOXKERNEL_CUBIN and
+# VOXKERNEL_SOLO_CUBIN by one `voxkernel` binary, whose host side must match every variant's
+# Params and shared memory.
 # BASELINE=path/voxkernel.xz: another binary (its own kernel) benched first, on the same machine.
 set -u
 if [ "${1:-}" = pack ]; then
@@ -58,11 +60,13 @@ if [ -n "${BASELINE:-}" ]; then
 fi
 for src in "$G"/*.cu; do
   v=$(basename "$src" .cu)
-  python3 - "$NVRTC" "$src" "/tmp/frame-$v.cubin" <<'PY'
+  for solo in 0 1; do
+  python3 - "$NVRTC" "$src" "/tmp/frame-$v-$solo.cubin" "$solo" <<'PY'
 import ctypes, sys
 lib = ctypes.CDLL(sys.argv[1])
 prog = ctypes.c_void_p()
-assert lib.nvrtcCreateProgram(ctypes.byref(prog), open(sys.argv[2], "rb").read(), b"frame.cu", 0, None, None) == 0
+src = (b"#define SOLO 1\n" if sys.argv[4] == "1" else b"") + open(sys.argv[2], "rb").read()
+assert lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"frame.cu", 0, None, None) == 0
 opts = [b"--gpu-architecture=sm_90a", b"-std=c++17", b"-lineinfo"]
 assert lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts)) == 0, "compile failed"
 n = ctypes.c_size_t()
@@ -71,7 +75,8 @@ cubin = ctypes.create_string_buffer(n.value)
 lib.nvrtcGetCUBIN(prog, cubin)
 open(sys.argv[3], "wb").write(cubin.raw)
 PY
-  VOXKERNEL_CUBIN=/tmp/frame-$v.cubin /tmp/voxkernel-ab bench --model $CKPT --frames 300 --profile 10 \
-    2>&1 | grep '^{' > /tmp/ab-$v.jsonl
+  done
+  VOXKERNEL_CUBIN=/tmp/frame-$v-0.cubin VOXKERNEL_SOLO_CUBIN=/tmp/frame-$v-1.cubin \
+    /tmp/voxkernel-ab bench --model $CKPT --frames 300 --profile 10 2>&1 | grep '^{' > /tmp/ab-$v.jsonl
   summary "$v" /tmp/ab-$v.jsonl
 done

@@ -1,10 +1,12 @@
-// voxkernel frame megakernel (version 1.8: phases chained by tagged words, no grid barriers; o,
+// voxkernel frame megakernel (version 1.9: phases chained by tagged words, no grid barriers; o,
 // down and gate|up tasks shared by warp pairs; V appended by a warp of its own; norm weights
 // loaded before the wait; a sampler with two barriers per radix round; the predictor's first
 // two positions in one pass; one exp per warp state in the attention's merge; matvec inputs in
-// two planes, so that their shared-memory reads use every bank).
+// two planes, so that their shared-memory reads use every bank; a build for launches of one
+// sequence).
 //
-// One cooperative launch advances up to MAX_B sequences by one audio frame:
+// One cooperative launch advances up to PARAM_B sequences (the solo build: one) by one audio
+// frame:
 //   code predictor (15 passes: past_hidden and CE(c0) as two rows of one pass, or as two
 //   single-token passes when 2 * batch rows do not fit MAX_B; then 14 group embeddings),
 //   sub-talker sampling, frame embedding + trailing text row, one talker step, codec head,
@@ -18,7 +20,21 @@ typedef unsigned short bf16_t;
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
-#define MAX_B 4
+// The host compiles this file twice: as is, for launches of up to PARAM_B sequences, and with
+// SOLO 1 first, for launches of one sequence. The per-row loops of a matvec are unrolled as wide
+// as the most rows its pass carries and guarded at run time: MAX_B wide in the full build; in
+// the solo build 2 wide in the fused first predictor pass and 1 wide elsewhere. Unrolled 4 wide,
+// they cost a launch of one sequence ~0.15 ms of its ~2.78 (docs/kernel-notes.md, "Version 1.9").
+#ifndef SOLO
+#define SOLO 0
+#endif
+// Sequences the Params arrays and the x-word buffers are laid out for (the host's MAX_BATCH).
+#define PARAM_B 4
+#define MAX_B (SOLO ? 2 : PARAM_B)
+// The loop width of a pass of one row per sequence.
+#define SEQ_B (SOLO ? 1 : MAX_B)
+// The most sequences a launch of this build may carry; the host reads it from the module.
+__constant__ int frame_sequences = SOLO ? 1 : PARAM_B;
 #define WARPS 16
 #define THREADS (WARPS * 32)
 #define MAX_HEAD_DIM 128
@@ -96,16 +112,16 @@ struct Params {
   float* trailing;                // [slots][max_trailing][H]
   unsigned char* seen;            // [slots][vocab]
   float* talker_logits;           // [slots][vocab]: a copy for the host
-  const float* x;                 // [MAX_B][max_hidden]: the prefill's last rows (MODE_HEAD)
+  const float* x;                 // [PARAM_B][max_hidden]: the prefill's last rows (MODE_HEAD)
   // Tagged words (see "exchange" below):
-  u64* xw;                        // [2][MAX_B][max_hidden]: the residual stream / layer input
-  u64* qkv;                       // [MAX_B][max_qkv]
-  u64* attn;                      // [MAX_B][max_q]
-  u64* act;                       // [MAX_B][max_inter]: SiLU(gate) * up
-  u64* logits;                    // [MAX_B][max(vocab, cp_vocab)]
-  float* attn_part;               // [MAX_B][attn_part_stride]: partial attention of each chunk
-  u32* attn_count;                // [MAX_B][max kv heads]: chunks done; zero between phases
-  int* codes;                     // [MAX_B][CODE_WORDS]
+  u64* xw;                        // [2][PARAM_B][max_hidden]: the residual stream / layer input
+  u64* qkv;                       // [PARAM_B][max_qkv]
+  u64* attn;                      // [PARAM_B][max_q]
+  u64* act;                       // [PARAM_B][max_inter]: SiLU(gate) * up
+  u64* logits;                    // [PARAM_B][max(vocab, cp_vocab)]
+  float* attn_part;               // [PARAM_B][attn_part_stride]: partial attention of each chunk
+  u32* attn_count;                // [PARAM_B][max kv heads]: chunks done; zero between phases
+  int* codes;                     // [PARAM_B][CODE_WORDS]
   u64* marks;                     // null, or [max_marks][2]: profile marks (clock64, phase tag)
   u32 epoch;                      // this launch's tags: (epoch << EXCHANGE_BITS) | exchange
   int vocab, cp_vocab, groups, eos_id, max_trailing;
@@ -116,17 +132,17 @@ struct Params {
   int attention_chunk;            // positions per attention block; 0 = all of a sequence's
   int attn_part_stride;           // floats of attn_part per sequence
   int talker_chunks;              // attention chunks of the talker step (its longest sequence)
-  int slot[MAX_B];
-  int pos[MAX_B];
-  int step[MAX_B];
-  int c0[MAX_B];
-  int n_sampled[MAX_B];
-  int trailing_len[MAX_B];
-  u32 seed_lo[MAX_B];
-  u32 seed_hi[MAX_B];
-  Sampler talker_sampler[MAX_B];
-  Sampler sub_sampler[MAX_B];
-  int forced_codes[MAX_B][17];
+  int slot[PARAM_B];
+  int pos[PARAM_B];
+  int step[PARAM_B];
+  int c0[PARAM_B];
+  int n_sampled[PARAM_B];
+  int trailing_len[PARAM_B];
+  u32 seed_lo[PARAM_B];
+  u32 seed_hi[PARAM_B];
+  Sampler talker_sampler[PARAM_B];
+  Sampler sub_sampler[PARAM_B];
+  int forced_codes[PARAM_B][17];
 };
 
 // The host mirrors these structs (src/layout.rs); a size mismatch fails the compile.
@@ -315,7 +331,7 @@ __device__ __forceinline__ int* sm_redi(const Params& p) {
 __device__ __forceinline__ float* sm_work(const Params& p) { return sm_red(p) + 64; }
 
 __device__ __forceinline__ u64* x_buffer(const Params& p, int slot) {
-  return p.xw + (size_t)slot * MAX_B * p.max_hidden;
+  return p.xw + (size_t)slot * PARAM_B * p.max_hidden;
 }
 
 // The block's threads are done with the phase (and its shared memory); the profile mark.
@@ -472,8 +488,8 @@ __device__ FirstChunks first_chunks(const bf16_t* W, int rows, int K, int split 
 // by lane 0. With SPLIT 2, warp_task's pairs of warps share each task (half of K each, or with
 // a pair one row each): the odd warp hands its sum to the even one through `pair_sums` (2 *
 // WARPS * MAX_B shared words; the host sizes the work area for them), which adds it to its own
-// (or takes it as the pair's second row) and emits.
-template <int SPLIT = 1, typename Emit>
+// (or takes it as the pair's second row) and emits. The per-sequence loops are NB (>= nb) wide.
+template <int SPLIT = 1, int NB = MAX_B, typename Emit>
 __device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const float* xs, int nb,
                              const FirstChunks& first, Emit emit, float* pair_sums = nullptr) {
   const int lane = tid() & 31;
@@ -489,9 +505,9 @@ __device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const 
       w[j] = r >= 0 && i < k8 ? ld_weights(wr + i) : make_uint4(0u, 0u, 0u, 0u);
     }
   };
-  float acc[MAX_B];
+  float acc[NB];
 #pragma unroll
-  for (int b = 0; b < MAX_B; b++) acc[b] = 0.f;
+  for (int b = 0; b < NB; b++) acc[b] = 0.f;
   uint4 cur[MATVEC_DEPTH];
 #pragma unroll
   for (int j = 0; j < MATVEC_DEPTH; j++) cur[j] = first.w[j];
@@ -513,7 +529,7 @@ __device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const 
       const float w3 = bf_hi(cur[j].y), w4 = bf_lo(cur[j].z), w5 = bf_hi(cur[j].z);
       const float w6 = bf_lo(cur[j].w), w7 = bf_hi(cur[j].w);
 #pragma unroll
-      for (int b = 0; b < MAX_B; b++) {
+      for (int b = 0; b < NB; b++) {
         if (b < nb) {
           const float4 a = *reinterpret_cast<const float4*>(xs + b * K + i * 4);
           const float4 c = *reinterpret_cast<const float4*>(xs + b * K + (K >> 1) + i * 4);
@@ -524,7 +540,7 @@ __device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const 
     }
     if (nq != q) {  // the row is complete
 #pragma unroll
-      for (int b = 0; b < MAX_B; b++)
+      for (int b = 0; b < NB; b++)
         if (b < nb) acc[b] = warp_sum(acc[b]);
       const int t = warp_task(q, tasks, SPLIT);
       if (SPLIT > 1) {
@@ -533,23 +549,23 @@ __device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const 
         float* slot = pair_sums + ((q & 1) * WARPS + (tid() >> 5) / 2) * MAX_B;
         if ((tid() >> 5) & 1) {
 #pragma unroll
-          for (int b = 0; b < MAX_B; b++)
+          for (int b = 0; b < NB; b++)
             if (lane == 0) slot[b] = acc[b];
         }
         pair_barrier();
         if (((tid() >> 5) & 1) == 0) {
 #pragma unroll
-          for (int b = 0; b < MAX_B; b++)
+          for (int b = 0; b < NB; b++)
             if (b < nb && lane == 0)
               emit(b, t, pair > 0 ? acc[b] : acc[b] + slot[b], pair > 0 ? slot[b] : 0.f);
         }
       } else {
 #pragma unroll
-        for (int b = 0; b < MAX_B; b++)
+        for (int b = 0; b < NB; b++)
           if (b < nb && lane == 0) emit(b, t, acc[b], 0.f);
       }
 #pragma unroll
-      for (int b = 0; b < MAX_B; b++) acc[b] = 0.f;
+      for (int b = 0; b < NB; b++) acc[b] = 0.f;
     }
 #pragma unroll
     for (int j = 0; j < MATVEC_DEPTH; j++) cur[j] = nxt[j];
@@ -559,10 +575,10 @@ __device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const 
   }
 }
 
-template <typename Emit>
+template <int NB = MAX_B, typename Emit>
 __device__ void matvec(const bf16_t* W, int rows, int K, const float* xs, int nb,
                        const FirstChunks& first, Emit emit) {
-  matvec_tasks(W, rows, 0, K, xs, nb, first, [&](int b, int r, float v, float) { emit(b, r, v); });
+  matvec_tasks<1, NB>(W, rows, 0, K, xs, nb, first, [&](int b, int r, float v, float) { emit(b, r, v); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -821,6 +837,7 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
 // A product added to the residual stream (o projection, down): the blocks owning residual rows
 // collect the input words (K per sequence, row stride `stride`, tag `tag_in`) and publish
 // x + W . input as the x words of buffer 0 at exchange `ex_out`.
+template <int NB>
 __device__ void residual_product(const Params& p, int H, const bf16_t* W, int K, const u64* in,
                                  int stride, u32 tag_in, int nb, const FirstChunks& first,
                                  int ex_out) {
@@ -831,7 +848,7 @@ __device__ void residual_product(const Params& p, int H, const bf16_t* W, int K,
     __syncthreads();
     inputs_arrived(p);
   }
-  matvec_tasks<2>(
+  matvec_tasks<2, NB>(
       W, H, 0, K, xs, nb, first,
       [&](int b, int r, float v, float) {
         publish(x_buffer(p, 0) + (size_t)b * p.max_hidden + r, xr[b * H + r] + v,
@@ -856,6 +873,7 @@ __device__ __forceinline__ bool is_fused_pass(const Params& p, int step) {
 // inputs are awaited (`first_qkv`: by the layer before; the next layer's are returned). `xr`
 // ([nb][H], shared) holds the block's copy of the raw x rows: the blocks owning residual rows
 // (those with o and down rows, the same rows) add their products to it.
+template <int NB>
 __device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int layer, int nb,
                                   const int* cache_idx, const int* pos_of, int in, int ex,
                                   FirstChunks first_qkv) {
@@ -870,7 +888,7 @@ __device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int
 
   // input norm, q|k|v
   if (has_rows(rows)) collect_x_norm(p, in, nb, H, lw.in_norm, s.eps, xr, xs);
-  matvec(lw.qkv, rows, H, xs, nb, first_qkv, [&](int b, int r, float v) {
+  matvec<NB>(lw.qkv, rows, H, xs, nb, first_qkv, [&](int b, int r, float v) {
     publish(p.qkv + (size_t)b * p.max_qkv + r, v, tag_of(p, ex + LX_QKV));
   });
   end_phase(p, stack | PH_QKV);
@@ -884,14 +902,14 @@ __device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int
   end_phase(p, stack | PH_ATTENTION);
 
   FirstChunks first = first_chunks(lw.o, H, qw, 2);
-  residual_product(p, H, lw.o, qw, p.attn, p.max_q, tag_of(p, ex + LX_ATTN), nb, first,
+  residual_product<NB>(p, H, lw.o, qw, p.attn, p.max_q, tag_of(p, ex + LX_ATTN), nb, first,
                    ex + LX_O);
   end_phase(p, stack | PH_O);
 
   // post-attention norm, gate and up rows in pairs: SiLU(gate) * up
   first = first_chunks(lw.gate_up, inter, H, 2, inter);
   if (has_rows(inter)) collect_x_norm(p, x_words(0, ex + LX_O), nb, H, lw.post_norm, s.eps, xr, xs);
-  matvec_tasks<2>(
+  matvec_tasks<2, NB>(
       lw.gate_up, inter, inter, H, xs, nb, first,
       [&](int b, int t, float gt, float up) {
         publish(p.act + (size_t)b * p.max_inter + t, gt / (1.f + expf(-gt)) * up,
@@ -901,7 +919,7 @@ __device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int
   end_phase(p, stack | PH_GATE_UP);
 
   first = first_chunks(lw.down, H, inter, 2);
-  residual_product(p, H, lw.down, inter, p.act, p.max_inter, tag_of(p, ex + LX_ACT), nb, first,
+  residual_product<NB>(p, H, lw.down, inter, p.act, p.max_inter, tag_of(p, ex + LX_ACT), nb, first,
                    ex + LX_DOWN);
   end_phase(p, stack | PH_DOWN);
   if (layer + 1 < s.n_layers) first = first_chunks(s.layers[layer + 1].qkv, rows, H);
@@ -909,12 +927,13 @@ __device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int
 }
 
 // Every layer of a stack; the first reads `in`, the exchanges are numbered from `ex`.
+template <int NB>
 __device__ void stack_step(const Params& p, const Stack& s, int step, int nb, const int* cache_idx,
                            const int* pos_of, int in, int ex) {
   FirstChunks first_qkv = first_chunks(s.layers[0].qkv, s.qkv_rows(), s.hidden);
   for (int layer = 0; layer < s.n_layers; layer++) {
     const int lx = ex + LAYER_EXCHANGES * layer;
-    first_qkv = layer_step(p, s, step, layer, nb, cache_idx, pos_of,
+    first_qkv = layer_step<NB>(p, s, step, layer, nb, cache_idx, pos_of,
                            layer == 0 ? in : x_words(0, lx - LAYER_EXCHANGES + LX_DOWN), lx,
                            first_qkv);
   }
@@ -1261,7 +1280,7 @@ __device__ void norm_and_head(const Params& p, const Stack& s, const bf16_t* hea
   float* xs = sm_xs();
   if (has_rows(vocab)) collect_x_norm(p, in, nb, s.hidden, s.final_norm, s.eps, sm_xr(p), xs);
   const int stride = logits_stride(p);
-  matvec(head, vocab, s.hidden, xs, nb, first, [&](int b, int r, float v) {
+  matvec<SEQ_B>(head, vocab, s.hidden, xs, nb, first, [&](int b, int r, float v) {
     publish(p.logits + (size_t)b * stride + r, v, tag_of(p, ex));
     if (copy_of) copy_of[b][r] = v;
   });
@@ -1303,7 +1322,10 @@ __device__ void code_predictor(const Params& p, int nb) {
                    : fused   ? X_C0_PAST
                              : x_words(0, next_input_exchange(p, step - 1));
     const int rows = fused ? 2 * nb : nb;
-    stack_step(p, s, step, rows, cache_idx, pos_of, cp_input(p, rows, in, ex), ex + 1);
+    if (SOLO && !fused)  // (one call site in the full build: a second would be inlined too)
+      stack_step<SEQ_B>(p, s, step, rows, cache_idx, pos_of, cp_input(p, rows, in, ex), ex + 1);
+    else
+      stack_step<MAX_B>(p, s, step, rows, cache_idx, pos_of, cp_input(p, rows, in, ex), ex + 1);
     const u32 t_out = tag_of(p, ex + layers_ex);  // the last layer's LX_DOWN
     const u32 t_next = tag_of(p, next_input_exchange(p, step));
     u64* next = x_buffer(p, 0);
@@ -1354,8 +1376,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) frame_kernel(const Para
   int in = X_PLAIN;  // MODE_HEAD: Params::x holds each sequence's last talker row
   if (p.mode == MODE_FRAME) {
     code_predictor(p, nb);
-    stack_step(p, p.talker, -1, nb, p.slot, p.pos, x_words(0, next_input_exchange(p, p.groups - 1)),
-               tx);
+    stack_step<SEQ_B>(p, p.talker, -1, nb, p.slot, p.pos,
+                      x_words(0, next_input_exchange(p, p.groups - 1)), tx);
     in = x_words(0, head_ex - LAYER_EXCHANGES + LX_DOWN);
   }
   float* logits_of[MAX_B];

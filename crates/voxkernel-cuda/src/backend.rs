@@ -5,7 +5,8 @@ use std::sync::Arc;
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PinnedHostSlice, PushKernelArg,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PinnedHostSlice,
+    PushKernelArg,
 };
 use voxkernel_core::backend::{
     FinishReason, Frame, FrameBackend, FrameEvent, NUM_CODE_GROUPS, SequenceSpec, SlotId,
@@ -142,7 +143,10 @@ impl Exchange {
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    /// The frame kernel built for launches of up to `MAX_BATCH` sequences.
     frame_fn: CudaFunction,
+    /// The same kernel built for launches of one sequence (faster for them).
+    solo_frame_fn: CudaFunction,
     geometry: Geometry,
     options: CudaOptions,
     weights: DeviceWeights,
@@ -162,6 +166,35 @@ pub struct CudaBackend {
     device_name: String,
     /// The text-track id of the trailing row after the text runs out.
     tts_pad_id: u32,
+}
+
+/// `frame_kernel` of a module that carries at least `sequences` per launch (its
+/// `frame_sequences`); `env` names the variable that may have given the module's CUBIN.
+fn frame_function(
+    module: &Arc<CudaModule>,
+    stream: &Arc<CudaStream>,
+    sequences: usize,
+    env: &str,
+) -> Result<CudaFunction> {
+    let symbol = module
+        .get_global("frame_sequences", stream)
+        .with_context(|| {
+            format!(
+                "the frame kernel has no `frame_sequences`: is {env} built from another version?"
+            )
+        })?;
+    let bytes = stream.clone_dtoh(&symbol)?;
+    stream.synchronize()?;
+    let carried = bytes
+        .get(..4)
+        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .unwrap_or(0);
+    ensure!(
+        carried >= sequences as i32,
+        "{env}: this frame kernel carries {carried} sequence(s) per launch and launches of \
+         {sequences} need it; build it from frame.cu without `#define SOLO 1`"
+    );
+    Ok(module.load_function("frame_kernel")?)
 }
 
 fn stack_params(
@@ -235,8 +268,9 @@ impl CudaBackend {
         let geometry = Geometry::from_checkpoint(checkpoint)?;
         let ctx = runtime::open_device()?;
         let stream = ctx.default_stream();
-        let module = runtime::load_module(&ctx)?;
-        let frame_fn = module.load_function("frame_kernel")?;
+        let modules = runtime::load_frame_modules(&ctx)?;
+        let frame_fn = frame_function(&modules.full, &stream, MAX_BATCH, runtime::CUBIN_ENV)?;
+        let solo_frame_fn = frame_function(&modules.solo, &stream, 1, runtime::SOLO_CUBIN_ENV)?;
         let weights = DeviceWeights::upload(checkpoint, &geometry, &stream)?;
 
         let (t, c) = (&geometry.talker, &geometry.cp);
@@ -363,21 +397,23 @@ impl CudaBackend {
         .unwrap_or(0);
         // x inputs, the block's raw x rows, reduction words, attention / sampling scratch
         let frame_smem = (4 * (smem_x_floats + MAX_BATCH * max_hidden + 64 + work)) as u32;
-        frame_fn.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            frame_smem as i32,
-        )?;
+        for f in [&frame_fn, &solo_frame_fn] {
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                frame_smem as i32,
+            )?;
+            let resident = f.occupancy_max_active_blocks_per_multiprocessor(
+                BLOCK_THREADS,
+                frame_smem as usize,
+                None,
+            )?;
+            ensure!(
+                resident >= 1,
+                "the frame kernel cannot be resident on this GPU ({frame_smem} bytes of shared \
+                 memory, {BLOCK_THREADS} threads per block)"
+            );
+        }
         let sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-        let resident = frame_fn.occupancy_max_active_blocks_per_multiprocessor(
-            BLOCK_THREADS,
-            frame_smem as usize,
-            None,
-        )?;
-        ensure!(
-            resident >= 1,
-            "the frame kernel cannot be resident on this GPU ({frame_smem} bytes of shared memory, \
-             {BLOCK_THREADS} threads per block)"
-        );
         // One block per SM: every block must be co-resident, since blocks wait on each other's
         // words.
         let grid = sms as u32;
@@ -460,6 +496,7 @@ impl CudaBackend {
             ctx,
             stream,
             frame_fn,
+            solo_frame_fn,
             geometry,
             options,
             weights,
@@ -659,7 +696,11 @@ impl CudaBackend {
             block_dim: (BLOCK_THREADS, 1, 1),
             shared_mem_bytes: self.frame_smem,
         };
-        let mut launch = self.stream.launch_builder(&self.frame_fn);
+        let kernel = match params.batch {
+            1 => &self.solo_frame_fn,
+            _ => &self.frame_fn,
+        };
+        let mut launch = self.stream.launch_builder(kernel);
         launch.arg(&params);
         // SAFETY: every pointer in `params` addresses a live allocation owned by `self` and sized
         // in `new` for the geometry and options the kernel is told about; the cooperative launch

@@ -12,8 +12,14 @@ use cudarc::driver::{
 use cudarc::nvrtc::{Ptx, result as nvrtc_result, sys as nvrtc_sys};
 use sha2::{Digest, Sha256};
 
-/// The megakernel source: the frame kernel (and the head + sampling of a prefill).
+/// The megakernel source: the frame kernel (and the head + sampling of a prefill), built for
+/// launches of up to `MAX_BATCH` sequences.
 pub const FRAME_SOURCE: &str = include_str!("../kernels/frame.cu");
+
+/// The same kernel built for launches of one sequence (`SOLO`: its passes of one row run
+/// loops one row wide).
+pub const SOLO_FRAME_SOURCE: &str =
+    concat!("#define SOLO 1\n", include_str!("../kernels/frame.cu"));
 
 /// The streaming codec decoder's kernels (`CudaCodec`) and the voice encoders'
 /// (`CudaVoiceEncoder`, which reuse the decoder's GEMM), compiled and cached as one module.
@@ -27,8 +33,13 @@ pub const CODEC_SOURCE: &str = concat!(
 pub const PREFILL_SOURCE: &str = include_str!("../kernels/prefill.cu");
 
 /// Environment variable naming a prebuilt CUBIN (for example from `nvcc -cubin -arch=sm_90a`)
-/// to load instead of compiling `FRAME_SOURCE`.
+/// to load instead of compiling `FRAME_SOURCE`. Without `SOLO_CUBIN_ENV` it serves launches of
+/// one sequence too, so that nothing is compiled.
 pub const CUBIN_ENV: &str = "VOXKERNEL_CUBIN";
+
+/// Environment variable naming a prebuilt CUBIN to load instead of compiling
+/// `SOLO_FRAME_SOURCE`.
+pub const SOLO_CUBIN_ENV: &str = "VOXKERNEL_SOLO_CUBIN";
 
 /// True when the CUDA driver library can be loaded. Every GPU entry point checks this first,
 /// because cudarc panics on first use when the library is missing.
@@ -105,24 +116,60 @@ pub(crate) fn device_ptr<T>(slice: &CudaSlice<T>, stream: &Arc<CudaStream>) -> u
     slice.device_ptr(stream).0
 }
 
-/// Loads the kernel module: the `VOXKERNEL_CUBIN` file when set, else the cached CUBIN, else a
-/// fresh NVRTC compile (stored in the cache for next time).
-pub fn load_module(ctx: &Arc<CudaContext>) -> Result<Arc<CudaModule>> {
-    let cubin = match std::env::var_os(CUBIN_ENV) {
-        Some(path) => std::fs::read(&path)
-            .with_context(|| format!("{CUBIN_ENV}={}: cannot read", Path::new(&path).display()))?,
-        None => {
+/// The frame kernel's two builds: for launches of several sequences, and of one.
+pub struct FrameModules {
+    pub full: Arc<CudaModule>,
+    pub solo: Arc<CudaModule>,
+}
+
+/// Loads both frame-kernel builds: each from its CUBIN environment variable when set (see
+/// `CUBIN_ENV`), else from the cache, else compiled with NVRTC (both at once) and cached.
+pub fn load_frame_modules(ctx: &Arc<CudaContext>) -> Result<FrameModules> {
+    let given = |var: &str| -> Result<Option<Vec<u8>>> {
+        std::env::var_os(var)
+            .map(|path| {
+                std::fs::read(&path)
+                    .with_context(|| format!("{var}={}: cannot read", Path::new(&path).display()))
+            })
+            .transpose()
+    };
+    let full = given(CUBIN_ENV)?;
+    let solo = match given(SOLO_CUBIN_ENV)? {
+        Some(cubin) => Some(cubin),
+        None => full.clone(),
+    };
+    let (full, solo) = match (full, solo) {
+        (Some(full), Some(solo)) => (full, solo),
+        (full, solo) => {
             let (major, minor) = ctx.compute_capability()?;
-            cached_or_compiled(
-                "frame",
-                FRAME_SOURCE,
-                &arch_name(major, minor),
-                driver_version()?,
-            )?
+            let (arch, driver) = (arch_name(major, minor), driver_version()?);
+            let build = |given: Option<Vec<u8>>, name: &'static str, source: &'static str| {
+                let arch = arch.clone();
+                move || match given {
+                    Some(cubin) => Ok(cubin),
+                    None => cached_or_compiled(name, source, &arch, driver),
+                }
+            };
+            let full = build(full, "frame", FRAME_SOURCE);
+            let solo = build(solo, "frame-solo", SOLO_FRAME_SOURCE);
+            std::thread::scope(|scope| {
+                let solo = scope.spawn(solo);
+                let full = full()?;
+                let solo = solo
+                    .join()
+                    .map_err(|_| anyhow::anyhow!("the NVRTC thread panicked"))??;
+                anyhow::Ok((full, solo))
+            })?
         }
     };
-    ctx.load_module(Ptx::from_binary(cubin))
-        .context("loading the kernel CUBIN into the context")
+    let load = |cubin: Vec<u8>, what: &str| {
+        ctx.load_module(Ptx::from_binary(cubin))
+            .with_context(|| format!("loading the {what} frame kernel CUBIN into the context"))
+    };
+    Ok(FrameModules {
+        full: load(full, "full")?,
+        solo: load(solo, "solo")?,
+    })
 }
 
 /// Loads the module of another kernel source (cached as `name`), compiling it on first use.
@@ -141,11 +188,13 @@ fn cached_or_compiled(name: &str, source: &str, arch: &str, driver: i32) -> Resu
     {
         return Ok(bytes);
     }
-    eprintln!("voxkernel: compiling the CUDA kernels for {arch} with NVRTC (once; cached)...");
+    eprintln!(
+        "voxkernel: compiling the {name} CUDA kernels for {arch} with NVRTC (once; cached)..."
+    );
     let started = std::time::Instant::now();
     let cubin = compile_cubin(source, arch)?.cubin;
     eprintln!(
-        "voxkernel: kernels compiled in {:.1} s",
+        "voxkernel: {name} kernels compiled in {:.1} s",
         started.elapsed().as_secs_f32()
     );
     if let Some(p) = &path {
@@ -329,6 +378,7 @@ mod tests {
         );
         let builds = [
             ("frame", FRAME_SOURCE, "frame_kernel"),
+            ("frame (solo)", SOLO_FRAME_SOURCE, "frame_kernel"),
             ("codec", CODEC_SOURCE, ""),
             ("prefill", PREFILL_SOURCE, "gemm"),
         ];

@@ -578,7 +578,8 @@ __device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const 
 template <int NB = MAX_B, typename Emit>
 __device__ void matvec(const bf16_t* W, int rows, int K, const float* xs, int nb,
                        const FirstChunks& first, Emit emit) {
-  matvec_tasks<1, NB>(W, rows, 0, K, xs, nb, first, [&](int b, int r, float v, float) { emit(b, r, v); });
+  matvec_tasks<1, NB>(W, rows, 0, K, xs, nb, first,
+                      [&](int b, int r, float v, float) { emit(b, r, v); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -903,7 +904,7 @@ __device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int
 
   FirstChunks first = first_chunks(lw.o, H, qw, 2);
   residual_product<NB>(p, H, lw.o, qw, p.attn, p.max_q, tag_of(p, ex + LX_ATTN), nb, first,
-                   ex + LX_O);
+                       ex + LX_O);
   end_phase(p, stack | PH_O);
 
   // post-attention norm, gate and up rows in pairs: SiLU(gate) * up
@@ -919,8 +920,8 @@ __device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int
   end_phase(p, stack | PH_GATE_UP);
 
   first = first_chunks(lw.down, H, inter, 2);
-  residual_product<NB>(p, H, lw.down, inter, p.act, p.max_inter, tag_of(p, ex + LX_ACT), nb, first,
-                   ex + LX_DOWN);
+  residual_product<NB>(p, H, lw.down, inter, p.act, p.max_inter, tag_of(p, ex + LX_ACT), nb,
+                       first, ex + LX_DOWN);
   end_phase(p, stack | PH_DOWN);
   if (layer + 1 < s.n_layers) first = first_chunks(s.layers[layer + 1].qkv, rows, H);
   return first;
@@ -934,8 +935,8 @@ __device__ void stack_step(const Params& p, const Stack& s, int step, int nb, co
   for (int layer = 0; layer < s.n_layers; layer++) {
     const int lx = ex + LAYER_EXCHANGES * layer;
     first_qkv = layer_step<NB>(p, s, step, layer, nb, cache_idx, pos_of,
-                           layer == 0 ? in : x_words(0, lx - LAYER_EXCHANGES + LX_DOWN), lx,
-                           first_qkv);
+                               layer == 0 ? in : x_words(0, lx - LAYER_EXCHANGES + LX_DOWN), lx,
+                               first_qkv);
   }
 }
 

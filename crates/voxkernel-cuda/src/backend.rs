@@ -191,8 +191,8 @@ fn frame_function(
         .unwrap_or(0);
     ensure!(
         carried >= sequences as i32,
-        "{env}: this frame kernel carries {carried} sequence(s) per launch and launches of \
-         {sequences} need it; build it from frame.cu without `#define SOLO 1`"
+        "{env}: this frame kernel carries at most {carried} sequence(s) per launch and this \
+         backend launches up to {sequences}; build it from frame.cu without `#define SOLO 1`"
     );
     Ok(module.load_function("frame_kernel")?)
 }

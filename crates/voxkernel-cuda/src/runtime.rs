@@ -134,34 +134,21 @@ pub fn load_frame_modules(ctx: &Arc<CudaContext>) -> Result<FrameModules> {
             .transpose()
     };
     let full = given(CUBIN_ENV)?;
-    let solo = match given(SOLO_CUBIN_ENV)? {
-        Some(cubin) => Some(cubin),
-        None => full.clone(),
+    let solo = given(SOLO_CUBIN_ENV)?.or_else(|| full.clone());
+    let (major, minor) = ctx.compute_capability()?;
+    let (arch, driver) = (arch_name(major, minor), driver_version()?);
+    let cubin = |given: Option<Vec<u8>>, name: &str, source: &str| match given {
+        Some(cubin) => Ok(cubin),
+        None => cached_or_compiled(name, source, &arch, driver),
     };
-    let (full, solo) = match (full, solo) {
-        (Some(full), Some(solo)) => (full, solo),
-        (full, solo) => {
-            let (major, minor) = ctx.compute_capability()?;
-            let (arch, driver) = (arch_name(major, minor), driver_version()?);
-            let build = |given: Option<Vec<u8>>, name: &'static str, source: &'static str| {
-                let arch = arch.clone();
-                move || match given {
-                    Some(cubin) => Ok(cubin),
-                    None => cached_or_compiled(name, source, &arch, driver),
-                }
-            };
-            let full = build(full, "frame", FRAME_SOURCE);
-            let solo = build(solo, "frame-solo", SOLO_FRAME_SOURCE);
-            std::thread::scope(|scope| {
-                let solo = scope.spawn(solo);
-                let full = full()?;
-                let solo = solo
-                    .join()
-                    .map_err(|_| anyhow::anyhow!("the NVRTC thread panicked"))??;
-                anyhow::Ok((full, solo))
-            })?
-        }
-    };
+    let (full, solo) = std::thread::scope(|scope| {
+        let solo = scope.spawn(|| cubin(solo, "frame-solo", SOLO_FRAME_SOURCE));
+        let full = cubin(full, "frame", FRAME_SOURCE)?;
+        let solo = solo
+            .join()
+            .map_err(|_| anyhow::anyhow!("the NVRTC thread panicked"))??;
+        anyhow::Ok((full, solo))
+    })?;
     let load = |cubin: Vec<u8>, what: &str| {
         ctx.load_module(Ptx::from_binary(cubin))
             .with_context(|| format!("loading the {what} frame kernel CUBIN into the context"))

@@ -1,9 +1,10 @@
-// voxkernel frame megakernel (version 1.9: phases chained by tagged words, no grid barriers; o,
+// voxkernel frame megakernel (version 1.10: phases chained by tagged words, no grid barriers; o,
 // down and gate|up tasks shared by warp pairs; V appended by a warp of its own; norm weights
 // loaded before the wait; a sampler with two barriers per radix round; the predictor's first
 // two positions in one pass; one exp per warp state in the attention's merge; matvec inputs in
 // two planes, so that their shared-memory reads use every bank; a build for launches of one
-// sequence).
+// sequence; a warp's first cached K/V row loaded before the wait, and rows read whole before
+// they are stored).
 //
 // One cooperative launch advances up to PARAM_B sequences (the solo build: one) by one audio
 // frame:
@@ -243,6 +244,24 @@ __device__ __forceinline__ float word_value(u64 w) { return __uint_as_float((u32
 
 // Words a thread loads before it waits on the first.
 #define COLLECT_DEPTH 8
+// Norm weights a thread holds (its elements of the widest hidden, 2,048).
+#define NORM_REGS 4
+
+__device__ __forceinline__ float to_f32(bf16_t v) { return bf2f(v); }
+__device__ __forceinline__ float to_f32(float v) { return v; }
+
+// A thread's elements base + j * THREADS (j < NORM_REGS) of a row of n (0 past n), every load
+// issued before any is used: in a loop that stores each element as it arrives, each load would
+// wait for the one before it.
+template <typename T>
+__device__ __forceinline__ void row_elements(const T* row, int n, int base,
+                                             float (&v)[NORM_REGS]) {
+#pragma unroll
+  for (int j = 0; j < NORM_REGS; j++) {
+    const int i = base + j * THREADS;
+    v[j] = i < n ? to_f32(row[i]) : 0.f;
+  }
+}
 
 // Where element i of a matvec input row of n elements lives in xs: the row's 16-byte chunks of 8
 // elements are split into two planes, their first halves then their second halves. A matvec
@@ -357,13 +376,22 @@ __device__ void collect_x_rows(const Params& p, int in, int nb, int n, float* ou
     if (in >= 0) {
       collect<PLANES>(x_buffer(p, in >> 16) + (size_t)b * p.max_hidden, n,
                       tag_of(p, in & 0xffff), o);
-    } else if (in == X_C0_PAST && b < nb / 2) {
-      const bf16_t* src = p.codec_embedding + (size_t)p.c0[b] * H;
-      for (int i = tid(); i < n; i += THREADS) o[PLANES ? plane_index(i, n) : i] = bf2f(src[i]);
     } else {
+      const bool table = in == X_C0_PAST && b < nb / 2;
       const float* src = in == X_PLAIN ? p.x + (size_t)b * p.max_hidden
                          : p.past_hidden + (size_t)p.slot[in == X_C0_PAST ? b - nb / 2 : b] * H;
-      for (int i = tid(); i < n; i += THREADS) o[PLANES ? plane_index(i, n) : i] = src[i];
+      for (int base = tid(); base < n; base += THREADS * NORM_REGS) {
+        float v[NORM_REGS];
+        if (table)
+          row_elements(p.codec_embedding + (size_t)p.c0[b] * H, n, base, v);
+        else
+          row_elements(src, n, base, v);
+#pragma unroll
+        for (int j = 0; j < NORM_REGS; j++) {
+          const int i = base + j * THREADS;
+          if (i < n) o[PLANES ? plane_index(i, n) : i] = v[j];
+        }
+      }
     }
   }
 }
@@ -373,9 +401,6 @@ __device__ void collect_x(const Params& p, int in, int nb, int n, float* xs) {
   collect_x_rows<true>(p, in, nb, n, xs);
   __syncthreads();
 }
-
-// Norm weights a thread holds (its elements of the widest hidden, 2,048).
-#define NORM_REGS 4
 
 // x of every sequence into xr ([nb][n]) and rmsnorm(x) * w into xs (as matvec inputs, in
 // planes; every block that needs the norm computes it: cheaper than an exchange). The weights
@@ -652,6 +677,21 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
     float* kc = s.k_cache + head_base * hd;
     float* vc = s.v_cache + head_base * hd;
     const LayerW& lw = s.layers[layer];
+    // A warp's first position: its K and V rows, when appended by an earlier phase, do not depend
+    // on this one's words, so their round trip goes out before the wait and overlaps it.
+    const int t0 = first + warp;
+    float k_next[HEAD_REGS] = {}, v_next[HEAD_REGS] = {};
+    auto load_kv = [&](int t) {
+#pragma unroll
+      for (int j = 0; j < HEAD_REGS; j++) {
+        const int i = lane + 32 * j;
+        if (i < hd) {
+          k_next[j] = kc[(size_t)t * hd + i];
+          v_next[j] = vc[(size_t)t * hd + i];
+        }
+      }
+    };
+    if (t0 < pos && t0 <= end) load_kv(t0);
     if (warp <= gs) {
       // the rotation's loads go out with the row's, not after it
       const float2* rope = s.rope + pos * half;
@@ -718,19 +758,8 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
 #pragma unroll
         for (int j = 0; j < HEAD_REGS; j++) acc[qi][j] = 0.f;
       }
-      float k_next[HEAD_REGS] = {}, v_next[HEAD_REGS] = {};
-      auto load_kv = [&](int t) {
-#pragma unroll
-        for (int j = 0; j < HEAD_REGS; j++) {
-          const int i = lane + 32 * j;
-          if (i < hd) {
-            k_next[j] = kc[(size_t)t * hd + i];
-            v_next[j] = vc[(size_t)t * hd + i];
-          }
-        }
-      };
       const float scale = rsqrtf((float)hd);
-      if (first + warp <= end) load_kv(first + warp);
+      if (t0 <= end && (t0 >= pos || q0 > 0)) load_kv(t0);
       for (int t = first + warp; t <= end; t += WARPS) {
         float kt[HEAD_REGS], vt[HEAD_REGS];
 #pragma unroll
@@ -1289,7 +1318,13 @@ __device__ void norm_and_head(const Params& p, const Stack& s, const bf16_t* hea
 
 // x words of one sequence: a bf16 embedding row (the next predictor input).
 __device__ void publish_row(u64* dst, const bf16_t* row, int n, u32 t) {
-  for (int i = tid(); i < n; i += THREADS) publish(dst + i, bf2f(row[i]), t);
+  for (int base = tid(); base < n; base += THREADS * NORM_REGS) {
+    float v[NORM_REGS];
+    row_elements(row, n, base, v);
+#pragma unroll
+    for (int j = 0; j < NORM_REGS; j++)
+      if (base + j * THREADS < n) publish(dst + base + j * THREADS, v[j], t);
+  }
 }
 
 // FRAME(codes) + the next trailing text row (the last trailing row is tts_pad): the talker's
@@ -1301,10 +1336,18 @@ __device__ void frame_embedding(const Params& p, int b, u64* dst, u32 t) {
   const int trow = g < p.trailing_len[b] - 1 ? g : p.trailing_len[b] - 1;
   const float* trailing = p.trailing + ((size_t)p.slot[b] * p.max_trailing + trow) * H;
   const bf16_t* c0row = p.codec_embedding + (size_t)codes[0] * H;
-  for (int i = tid(); i < H; i += THREADS) {
-    float e = bf2f(c0row[i]);
-    for (int j = 1; j < p.groups; j++) e += bf2f(cp_embedding_row(p, j - 1, codes[j])[i]);
-    publish(dst + i, e + trailing[i], t);
+  for (int base = tid(); base < H; base += THREADS * NORM_REGS) {
+    float e[NORM_REGS], add[NORM_REGS];
+    row_elements(c0row, H, base, e);
+    for (int j = 1; j < p.groups; j++) {
+      row_elements(cp_embedding_row(p, j - 1, codes[j]), H, base, add);
+#pragma unroll
+      for (int k = 0; k < NORM_REGS; k++) e[k] += add[k];
+    }
+    row_elements(trailing, H, base, add);
+#pragma unroll
+    for (int k = 0; k < NORM_REGS; k++)
+      if (base + k * THREADS < H) publish(dst + base + k * THREADS, e[k] + add[k], t);
   }
 }
 

@@ -244,7 +244,8 @@ __device__ __forceinline__ float word_value(u64 w) { return __uint_as_float((u32
 
 // Words a thread loads before it waits on the first.
 #define COLLECT_DEPTH 8
-// Norm weights a thread holds (its elements of the widest hidden, 2,048).
+// A thread's elements of a row as wide as the widest hidden (2,048): its norm weights, or a row
+// read from global memory (row_elements).
 #define NORM_REGS 4
 
 __device__ __forceinline__ float to_f32(bf16_t v) { return bf2f(v); }
@@ -377,9 +378,11 @@ __device__ void collect_x_rows(const Params& p, int in, int nb, int n, float* ou
       collect<PLANES>(x_buffer(p, in >> 16) + (size_t)b * p.max_hidden, n,
                       tag_of(p, in & 0xffff), o);
     } else {
-      const bool table = in == X_C0_PAST && b < nb / 2;
+      // (X_C0_PAST: rows below nb / 2 are codebook 0's embedding, the others past_hidden)
+      const int past = in == X_C0_PAST ? b - nb / 2 : b;
+      const bool table = past < 0;
       const float* src = in == X_PLAIN ? p.x + (size_t)b * p.max_hidden
-                         : p.past_hidden + (size_t)p.slot[in == X_C0_PAST ? b - nb / 2 : b] * H;
+                                       : p.past_hidden + (size_t)p.slot[table ? 0 : past] * H;
       for (int base = tid(); base < n; base += THREADS * NORM_REGS) {
         float v[NORM_REGS];
         if (table)

@@ -415,11 +415,7 @@ __device__ void collect_x_norm(const Params& p, int in, int nb, int n, const bf1
   const int warp = tid() >> 5, lane = tid() & 31;
   float* red = sm_red(p);  // [MAX_B][WARPS]: over the reduction ints too, unused here
   float wv[NORM_REGS];
-#pragma unroll
-  for (int j = 0; j < NORM_REGS; j++) {
-    const int i = tid() + j * THREADS;
-    wv[j] = i < n ? bf2f(w[i]) : 0.f;
-  }
+  row_elements(w, n, tid(), wv);
   collect_x_rows(p, in, nb, n, xr);
   for (int b = 0; b < nb; b++) {
     float ss = 0.f;

@@ -663,6 +663,7 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
   float* wl = wm + HEADS_PER_PASS * WARPS;       // [HEADS_PER_PASS][WARPS]
   float* wacc = wl + HEADS_PER_PASS * WARPS;     // [HEADS_PER_PASS][WARPS][hd]
   int* last = reinterpret_cast<int*>(wacc + HEADS_PER_PASS * WARPS * hd);  // [1]
+  float* wf = reinterpret_cast<float*>(last + 1);  // [HEADS_PER_PASS][WARPS + 1] (SOLO)
   for (int task = bid(); task < nb * s.n_kv * chunks; task += gridDim.x) {
     const int b = task / (s.n_kv * chunks), g = task / chunks % s.n_kv, c = task % chunks;
     const int row = b + back * nb, pos = pos_of[b] - back;
@@ -799,15 +800,38 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
         }
       }
       __syncthreads();
+#if SOLO
+      // The merge factors exp(m_w - max), once per (q head, warp state) instead of in every
+      // output thread, behind one more barrier. A warp state without positions gets 0, which adds
+      // exact zeros to the sums: the outputs are those of the full build's merge, bit for bit.
+      // (In the full build this form made launches of 4 slower.)
+      if (tid() < nq * WARPS) {
+        const int qi = tid() / WARPS, w = tid() % WARPS;
+        float big = NEG_INF;
+        for (int k = 0; k < WARPS; k++) big = fmaxf(big, wm[qi * WARPS + k]);
+        wf[qi * (WARPS + 1) + w] = wl[qi * WARPS + w] > 0.f ? expf(wm[qi * WARPS + w] - big) : 0.f;
+        if (w == 0) wf[qi * (WARPS + 1) + WARPS] = big;
+      }
+      __syncthreads();
+#endif
       for (int e = tid(); e < nq * hd; e += THREADS) {
         const int qi = e / hd, i = e % hd;
-        const float* qm = wm + qi * WARPS;
         const float* ql = wl + qi * WARPS;
+        float denom = 0.f, num = 0.f;
+#if SOLO
+        const float* qf = wf + qi * (WARPS + 1);
+        const float big = qf[WARPS];
+#pragma unroll 4  // (fully unrolled, its loads spill registers)
+        for (int w = 0; w < WARPS; w++) {
+          denom += ql[w] * qf[w];
+          num += wacc[(qi * WARPS + w) * hd + i] * qf[w];
+        }
+#else
+        const float* qm = wm + qi * WARPS;
         float big = NEG_INF;
         for (int w = 0; w < WARPS; w++) big = fmaxf(big, qm[w]);
         // (one exp per warp state, shared by both sums: the merge is on the attention's critical
         // path, and the exp calls were most of it)
-        float denom = 0.f, num = 0.f;
         for (int w = 0; w < WARPS; w++) {
           if (ql[w] > 0.f) {
             const float f = expf(qm[w] - big);
@@ -815,6 +839,7 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
             num += wacc[(qi * WARPS + w) * hd + i] * f;
           }
         }
+#endif
         const int head = g * gs + q0 + qi;
         if (chunks == 1) {
           publish(p.attn + (size_t)row * p.max_q + head * hd + i, num / denom, t_attn);

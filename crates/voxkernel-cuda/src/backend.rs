@@ -226,8 +226,9 @@ fn stack_params(
 fn attention_work_floats(s: &StackGeometry) -> usize {
     let group = s.n_heads / s.n_kv;
     let partials = HEADS_PER_PASS * BLOCK_WARPS;
-    // + the flag of the chunk that merges
-    (group + 1) * s.head_dim + 2 * partials + partials * s.head_dim + 1
+    // k and the group's q heads; each warp's max and denominator; the warps' outputs; the flag
+    // of the chunk that merges; the solo build's merge factors and each head's max
+    (group + 1) * s.head_dim + 2 * partials + partials * s.head_dim + 1 + partials + HEADS_PER_PASS
 }
 
 /// Sampling scratch: the logits, the radix histogram, and top-p's two index arrays.

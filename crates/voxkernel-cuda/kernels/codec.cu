@@ -133,8 +133,8 @@ extern "C" __global__ void __launch_bounds__(256) rvq_lookup(const RvqParams p, 
 //   out[g, c] = epilogue(sum_{tap, ch} act(in[row(g) + tap * dilation, ch]) * w[tap * cin + ch, c])
 //
 // A transposed conv (kernel = m * stride) is the same with m taps over its input rows and
-// n = stride * out_width columns: GEMM row t fills output rows t * stride .. t * stride + stride - 1,
-// which is exactly the row-major layout of `[t, stride * out_width]`.
+// n = stride * out_width columns: GEMM row t fills output rows t * stride .. t * stride +
+// stride - 1, which is exactly the row-major layout of `[t, stride * out_width]`.
 //
 // Tiles of BM x 64 outputs, 256 threads, each TM x 4 (rows TM ty .. TM ty + TM - 1, columns
 // 4 tx .. 4 tx + 3, so both operands come out of shared memory as float4 where TM allows), depth
@@ -188,10 +188,16 @@ __device__ __forceinline__ float snake(float x, float frequency, float inv_magni
 struct OutRow {
   i64 row0;  // frame0[e] * rate * out_stride + t * out_stride
   int e;
-  __device__ i64 out(const Gemm& p) const { return (row0 + (i64)(e + 1) * p.out_hist) * p.out_width; }
-  __device__ i64 out2(const Gemm& p) const { return (row0 + (i64)(e + 1) * p.out2_hist) * p.out_width; }
+  __device__ i64 out(const Gemm& p) const {
+    return (row0 + (i64)(e + 1) * p.out_hist) * p.out_width;
+  }
+  __device__ i64 out2(const Gemm& p) const {
+    return (row0 + (i64)(e + 1) * p.out2_hist) * p.out_width;
+  }
   // Residuals go with stride-1 outputs, whose row0 is the GEMM row's own index.
-  __device__ i64 res(const Gemm& p) const { return (row0 + (i64)(e + 1) * p.res_hist) * p.out_width; }
+  __device__ i64 res(const Gemm& p) const {
+    return (row0 + (i64)(e + 1) * p.res_hist) * p.out_width;
+  }
 };
 
 __device__ __forceinline__ OutRow out_row(const Gemm& p, const Batch& b, int g) {
@@ -376,7 +382,8 @@ __device__ __forceinline__ void conv_gemm(const Gemm& p, const Batch& b) {
       if constexpr (TM % 4 == 0) {
 #pragma unroll
         for (int i = 0; i < TM; i += 4)
-          *reinterpret_cast<float4*>(&a[i]) = *reinterpret_cast<const float4*>(&as[buf][kk][ty * TM + i]);
+          *reinterpret_cast<float4*>(&a[i]) =
+              *reinterpret_cast<const float4*>(&as[buf][kk][ty * TM + i]);
       } else {
 #pragma unroll
         for (int i = 0; i < TM; ++i) a[i] = as[buf][kk][ty * TM + i];
@@ -411,16 +418,20 @@ __device__ __forceinline__ void conv_gemm(const Gemm& p, const Batch& b) {
   }
 }
 
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS) conv_gemm_16(const Gemm p, const Batch b) {
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+    conv_gemm_16(const Gemm p, const Batch b) {
   conv_gemm<16>(p, b);
 }
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS) conv_gemm_32(const Gemm p, const Batch b) {
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+    conv_gemm_32(const Gemm p, const Batch b) {
   conv_gemm<32>(p, b);
 }
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS) conv_gemm_64(const Gemm p, const Batch b) {
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+    conv_gemm_64(const Gemm p, const Batch b) {
   conv_gemm<64>(p, b);
 }
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS) conv_gemm_128(const Gemm p, const Batch b) {
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+    conv_gemm_128(const Gemm p, const Batch b) {
   conv_gemm<128>(p, b);
 }
 
@@ -517,10 +528,12 @@ __device__ __forceinline__ void skinny_gemm(const Gemm& p, const Batch& b) {
   }
 }
 
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS) skinny_gemm_4(const Gemm p, const Batch b) {
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+    skinny_gemm_4(const Gemm p, const Batch b) {
   skinny_gemm<4>(p, b);
 }
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS) skinny_gemm_16(const Gemm p, const Batch b) {
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+    skinny_gemm_16(const Gemm p, const Batch b) {
   skinny_gemm<16>(p, b);
 }
 
@@ -566,7 +579,8 @@ struct AttnParams {
   float scale;
 };
 
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention(const AttnParams p, const Batch b) {
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
+    attention(const AttnParams p, const Batch b) {
   __shared__ float q[MAX_PASS_FRAMES_PER_ENTRY][MAX_HEAD_DIM];
   __shared__ float prob[MAX_WINDOW];
   __shared__ float scratch[ATTN_THREADS / 32];
@@ -602,8 +616,10 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention(const AttnP
   for (int i = threadIdx.x; i < rows * quads; i += blockDim.x) {
     const int r = i / quads, d = 4 * (i % quads);
     const i64 src = (i64)((lo + r) % p.ring) * p.width + col0 + d;
-    *reinterpret_cast<float4*>(&ks[r * stride + d]) = *reinterpret_cast<const float4*>(&k_ring[src]);
-    *reinterpret_cast<float4*>(&vs[r * stride + d]) = *reinterpret_cast<const float4*>(&v_ring[src]);
+    *reinterpret_cast<float4*>(&ks[r * stride + d]) =
+        *reinterpret_cast<const float4*>(&k_ring[src]);
+    *reinterpret_cast<float4*>(&vs[r * stride + d]) =
+        *reinterpret_cast<const float4*>(&v_ring[src]);
   }
   __syncthreads();
 
@@ -677,7 +693,8 @@ extern "C" __global__ void __launch_bounds__(256) dwconv_norm(const DwNormParams
   const float denom = sqrtf(block_sum(sq, scratch) / (float)p.channels + p.eps);
   float* out = p.out + (i64)g * p.channels;
   for (int c = threadIdx.x; c < p.channels; c += blockDim.x)
-    out[c] = __fadd_rn(__fmul_rn(__fdiv_rn(__fsub_rn(h[c], mean), denom), p.norm_w[c]), p.norm_b[c]);
+    out[c] =
+        __fadd_rn(__fmul_rn(__fdiv_rn(__fsub_rn(h[c], mean), denom), p.norm_w[c]), p.norm_b[c]);
 }
 
 // ---------------------------------------------------------------------------------------------

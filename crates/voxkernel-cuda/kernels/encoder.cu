@@ -31,7 +31,8 @@ struct GatherParams {
 extern "C" __global__ void __launch_bounds__(256) gather_rows(const GatherParams p) {
   const int written = p.pad_only ? p.left + p.right : p.left + p.rows + p.right;
   const i64 total = (i64)written * p.cols;
-  for (i64 n = (i64)blockIdx.x * blockDim.x + threadIdx.x; n < total; n += (i64)gridDim.x * blockDim.x) {
+  for (i64 n = (i64)blockIdx.x * blockDim.x + threadIdx.x; n < total;
+       n += (i64)gridDim.x * blockDim.x) {
     int r = (int)(n / p.cols);
     const int c = (int)(n - (i64)r * p.cols);
     if (p.pad_only && r >= p.left) r += p.rows;
@@ -92,7 +93,8 @@ struct RopeParams {
 extern "C" __global__ void __launch_bounds__(256) rope_qk(const RopeParams p) {
   const int half = p.head_dim / 2, pairs = p.width / 2;  // per q or k row
   const i64 total = (i64)p.rows * 2 * pairs;
-  for (i64 n = (i64)blockIdx.x * blockDim.x + threadIdx.x; n < total; n += (i64)gridDim.x * blockDim.x) {
+  for (i64 n = (i64)blockIdx.x * blockDim.x + threadIdx.x; n < total;
+       n += (i64)gridDim.x * blockDim.x) {
     const int t = (int)(n / (2 * pairs));
     const int rest = (int)(n - (i64)t * 2 * pairs);
     const int which = rest / pairs, pair = rest - which * pairs;  // which: 0 q, 1 k
@@ -114,7 +116,8 @@ struct CausalAttnParams {
 
 #define ENC_ATTN_THREADS 128
 
-extern "C" __global__ void __launch_bounds__(ENC_ATTN_THREADS) causal_attention(const CausalAttnParams p) {
+extern "C" __global__ void __launch_bounds__(ENC_ATTN_THREADS)
+    causal_attention(const CausalAttnParams p) {
   extern __shared__ float prob[];  // [rows]
   __shared__ float q[MAX_HEAD_DIM];
   __shared__ float scratch[ENC_ATTN_THREADS / 32];
@@ -199,7 +202,8 @@ struct SeApplyParams {
 
 extern "C" __global__ void __launch_bounds__(256) se_apply(const SeApplyParams p) {
   const i64 total = (i64)p.rows * p.channels;
-  for (i64 n = (i64)blockIdx.x * blockDim.x + threadIdx.x; n < total; n += (i64)gridDim.x * blockDim.x) {
+  for (i64 n = (i64)blockIdx.x * blockDim.x + threadIdx.x; n < total;
+       n += (i64)gridDim.x * blockDim.x) {
     const int t = (int)(n / p.channels), c = (int)(n - (i64)t * p.channels);
     const float v = __fadd_rn(__fmul_rn(p.h[n], p.gate[c]), p.res[n]);
     p.out[n] = v;
@@ -305,7 +309,8 @@ extern "C" __global__ void __launch_bounds__(RVQ_THREADS) rvq_encode(const RvqEn
     }
     const int best = best_i[0];
     if (tid == 0) p.codes[f * NUM_CODEBOOKS + p.first_code + layer] = (u32)best;
-    for (int i = tid; i < p.dim; i += blockDim.x) x[i] = __fsub_rn(x[i], et[(i64)i * p.size + best]);
+    for (int i = tid; i < p.dim; i += blockDim.x)
+      x[i] = __fsub_rn(x[i], et[(i64)i * p.size + best]);
     __syncthreads();
   }
 }

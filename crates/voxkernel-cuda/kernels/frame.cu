@@ -1,10 +1,10 @@
-// voxkernel frame megakernel (version 1.10: phases chained by tagged words, no grid barriers; o,
+// voxkernel frame megakernel (version 1.11: phases chained by tagged words, no grid barriers; o,
 // down and gate|up tasks shared by warp pairs; V appended by a warp of its own; norm weights
 // loaded before the wait; a sampler with two barriers per radix round; the predictor's first
 // two positions in one pass; one exp per warp state in the attention's merge; matvec inputs in
 // two planes, so that their shared-memory reads use every bank; a build for launches of one
 // sequence; a warp's first cached K/V row loaded before the wait, and rows read whole before
-// they are stored).
+// they are stored; in the solo build, the attention merge's factors once per warp state).
 //
 // One cooperative launch advances up to PARAM_B sequences (the solo build: one) by one audio
 // frame:

@@ -294,6 +294,18 @@ __device__ void collect(const u64* src, int n, u32 tag, float* out) {
   }
 }
 
+// collect without planes. In the solo build it is one out-of-line function: measured 20-30 us per
+// frame faster at batch 1 than inlined at its five call sites; in the full build the same form made
+// launches of 4 4% slower (docs/kernel-notes.md, "Version 1.12").
+#if SOLO
+__device__ __noinline__
+#else
+__device__ __forceinline__
+#endif
+void collect_flat(const u64* src, int n, u32 tag, float* out) {
+  collect<false>(src, n, tag, out);
+}
+
 // Exchanges are numbered by where they happen, so that every block derives the same tag from
 // its loop counters (no state to carry). Predictor pass `step` owns 3 + 5 L numbers (L layers)
 // from pass_exchange(p, step): +0 the projection's x, +1 + 5 l + k layer l's (k: LX_*),
@@ -375,8 +387,11 @@ __device__ void collect_x_rows(const Params& p, int in, int nb, int n, float* ou
   for (int b = 0; b < nb; b++) {
     float* o = out + b * n;
     if (in >= 0) {
-      collect<PLANES>(x_buffer(p, in >> 16) + (size_t)b * p.max_hidden, n,
-                      tag_of(p, in & 0xffff), o);
+      const u64* src = x_buffer(p, in >> 16) + (size_t)b * p.max_hidden;
+      if (PLANES)
+        collect<true>(src, n, tag_of(p, in & 0xffff), o);
+      else
+        collect_flat(src, n, tag_of(p, in & 0xffff), o);
     } else {
       // (X_C0_PAST: rows below nb / 2 are codebook 0's embedding, the others past_hidden)
       const int past = in == X_C0_PAST ? b - nb / 2 : b;
@@ -1270,7 +1285,7 @@ __device__ int sample_talker(const Params& p, int b, u32 t_logits, float* work, 
   float* v = work;
   if (p.mode == MODE_FRAME && tid() == 0) seen[p.c0[b]] = 1;
   u32* hist = clear_histogram(work, V);
-  collect(p.logits + (size_t)b * logits_stride(p), V, t_logits, v);
+  collect_flat(p.logits + (size_t)b * logits_stride(p), V, t_logits, v);
   __syncthreads();  // (also orders seen[c0] before its reader)
   inputs_arrived(p);
   for (int i = tid(); i < V; i += THREADS) {
@@ -1291,7 +1306,7 @@ __device__ int sample_sub(const Params& p, int b, int group, u32 t_logits, float
   const Sampler& sp = p.sub_sampler[b];
   float* v = work;
   u32* hist = clear_histogram(work, V);
-  collect(p.logits + (size_t)b * logits_stride(p), V, t_logits, v);
+  collect_flat(p.logits + (size_t)b * logits_stride(p), V, t_logits, v);
   // the temperature: each thread divides the logits it collected itself (collect's i = tid + j *
   // THREADS), before the barrier
   if (sp.do_sample)
@@ -1402,7 +1417,7 @@ __device__ void code_predictor(const Params& p, int nb) {
       // written once the first pass's output is complete, so that no block starts the second
       // pass while another still reads the first's words.
       for (int b = bid(); b < nb; b += gridDim.x) {
-        collect(x_buffer(p, 0) + (size_t)b * max_hidden, s.hidden, t_out, sm_xr(p));
+        collect_flat(x_buffer(p, 0) + (size_t)b * max_hidden, s.hidden, t_out, sm_xr(p));
         __syncthreads();
         publish_row(next + (size_t)b * max_hidden, p.codec_embedding + (size_t)p.c0[b] * H, H,
                     t_next);

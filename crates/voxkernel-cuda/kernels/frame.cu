@@ -197,6 +197,13 @@ __device__ __forceinline__ u32 ld_acquire(const u32* p) {
   return v;
 }
 
+// Adds 1 to a counter with acquire-release semantics at GPU scope; returns the old value.
+__device__ __forceinline__ u32 count_acq_rel(u32* p) {
+  u32 old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
+  return old;
+}
+
 // Profile (Params::marks): block 0's thread 0 records its SM clock at the end of each phase and
 // which phase it was. Out of line, so that the rarely taken call holds no registers in the
 // kernel; the count lives in shared memory for the same reason.
@@ -872,17 +879,18 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
       __syncthreads();
     }
     if (chunks > 1) {
-      // publish this chunk's states; the last chunk of (b, g) to get here merges all of them
-      __threadfence();
+      // publish this chunk's states; the last chunk of (b, g) to get here merges all of them. One
+      // acquire-release count by thread 0 orders them: the barrier before it puts the block's
+      // stores before its release, and the barrier after it puts its acquire of the other chunks'
+      // states before the merge's loads (which skip L1). A fence in every thread would cost more.
       __syncthreads();
       if (tid() == 0) {
         u32* done = p.attn_count + b * s.n_kv + g;
-        *last = atomicAdd(done, 1u) == (u32)(chunks - 1);
+        *last = count_acq_rel(done) == (u32)(chunks - 1);
         if (*last) atomicExch(done, 0u);  // ready for the next layer (all chunks have counted)
       }
       __syncthreads();
       if (*last) {
-        __threadfence();
         for (int e = tid(); e < gs * hd; e += THREADS) {
           const int head = g * gs + e / hd, i = e % hd;
           const float* part =

@@ -1,10 +1,11 @@
-// voxkernel frame megakernel (version 1.11: phases chained by tagged words, no grid barriers; o,
+// voxkernel frame megakernel (version 1.12: phases chained by tagged words, no grid barriers; o,
 // down and gate|up tasks shared by warp pairs; V appended by a warp of its own; norm weights
 // loaded before the wait; a sampler with two barriers per radix round; the predictor's first
 // two positions in one pass; one exp per warp state in the attention's merge; matvec inputs in
 // two planes, so that their shared-memory reads use every bank; a build for launches of one
 // sequence; a warp's first cached K/V row loaded before the wait, and rows read whole before
-// they are stored; in the solo build, the attention merge's factors once per warp state).
+// they are stored; in the solo build, the attention merge's factors once per warp state and
+// the flat collect out of line; the talker's attention chunks counted by one acquire-release add).
 //
 // One cooperative launch advances up to PARAM_B sequences (the solo build: one) by one audio
 // frame:
@@ -189,12 +190,6 @@ __device__ __forceinline__ uint4 ld_weights(const void* p) {
       : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
       : "l"(p));
   return r;
-}
-
-__device__ __forceinline__ u32 ld_acquire(const u32* p) {
-  u32 v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
 }
 
 // Adds 1 to a counter with acquire-release semantics at GPU scope; returns the old value.

@@ -5,7 +5,8 @@
 // two planes, so that their shared-memory reads use every bank; a build for launches of one
 // sequence; a warp's first cached K/V row loaded before the wait, and rows read whole before
 // they are stored; in the solo build, the attention merge's factors once per warp state and
-// the flat collect out of line; the talker's attention chunks counted by one acquire-release add).
+// the flat collect out of line; the talker's attention chunks counted by one acquire-release
+// increment; the block argmax's warp results reduced by one warp).
 //
 // One cooperative launch advances up to PARAM_B sequences (the solo build: one) by one audio
 // frame:
@@ -192,10 +193,14 @@ __device__ __forceinline__ uint4 ld_weights(const void* p) {
   return r;
 }
 
-// Adds 1 to a counter with acquire-release semantics at GPU scope; returns the old value.
-__device__ __forceinline__ u32 count_acq_rel(u32* p) {
+// Counts one of n at a counter with acquire-release semantics at GPU scope: returns the old
+// count, and the n-th call (old n - 1) leaves the counter at 0 again.
+__device__ __forceinline__ u32 count_acq_rel(u32* p, u32 n) {
   u32 old;
-  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
+  asm volatile("atom.acq_rel.gpu.global.inc.u32 %0, [%1], %2;"
+               : "=r"(old)
+               : "l"(p), "r"(n - 1)
+               : "memory");
   return old;
 }
 
@@ -881,8 +886,7 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
       __syncthreads();
       if (tid() == 0) {
         u32* done = p.attn_count + b * s.n_kv + g;
-        *last = count_acq_rel(done) == (u32)(chunks - 1);
-        if (*last) atomicExch(done, 0u);  // ready for the next layer (all chunks have counted)
+        *last = count_acq_rel(done, (u32)chunks) == (u32)(chunks - 1);
       }
       __syncthreads();
       if (*last) {
@@ -1050,14 +1054,23 @@ __device__ int block_argmax_of(float best, int bi, float* redf, int* redi) {
     redi[warp] = bi;
   }
   __syncthreads();
-  best = redf[0];
-  bi = redi[0];
-  for (int w = 1; w < WARPS; w++)
-    if (redf[w] > best || (redf[w] == best && redi[w] < bi)) {
-      best = redf[w];
-      bi = redi[w];
+  if (warp == 0) {
+    // (largest, then lowest index: a total order, so the reduction's order does not matter)
+    best = lane < WARPS ? redf[lane] : NEG_INF;
+    bi = lane < WARPS ? redi[lane] : 0x7fffffff;
+#pragma unroll
+    for (int o = WARPS / 2; o > 0; o >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ob > best || (ob == best && oi < bi)) {
+        best = ob;
+        bi = oi;
+      }
     }
+    if (lane == 0) redi[WARPS] = bi;
+  }
   __syncthreads();
+  bi = redi[WARPS];
   return bi == 0x7fffffff ? 0 : bi;
 }
 

@@ -302,7 +302,7 @@ __device__ void collect(const u64* src, int n, u32 tag, float* out) {
 }
 
 // collect without planes. In the solo build it is one out-of-line function: measured 20-30 us per
-// frame faster at batch 1 than inlined at its five call sites; in the full build the same form made
+// frame faster at batch 1 than inlined where it is called; in the full build the same form made
 // launches of 4 4% slower (docs/kernel-notes.md, "Version 1.12").
 #if SOLO
 __device__ __noinline__
@@ -1037,7 +1037,8 @@ __device__ uint4 philox(uint4 c, u32 k0, u32 k1) {
   return c;
 }
 
-// The block's largest value (lowest index on ties) from each thread's best candidate.
+// The block's largest value (lowest index on ties) from each thread's best candidate (`redf`
+// holds WARPS words, `redi` WARPS + 1).
 __device__ int block_argmax_of(float best, int bi, float* redf, int* redi) {
   const int warp = tid() >> 5, lane = tid() & 31;
 #pragma unroll

@@ -140,7 +140,10 @@ extern "C" __global__ void __launch_bounds__(256) rvq_lookup(const RvqParams p, 
 // 4 tx .. 4 tx + 3, so both operands come out of shared memory as float4 where TM allows), depth
 // chunks of 16 double-buffered in shared memory. With gridDim.z > 1 the depth is split;
 // each split writes its partial tile to `workspace`, and the last to arrive (counted per tile)
-// sums the partials in split order, so the result does not depend on timing.
+// sums the partials in split order, so the result does not depend on timing. The folded
+// kernel (`conv_gemm_fold_64`) walks every split of the depth in one block and adds the
+// splits' sums in the same order: bit for bit what the split launch gives, without its partial
+// tiles, so a pass of many rows keeps one frame's splits (batch invariance) in fewer blocks.
 
 struct Gemm {
   const float* in;
@@ -315,7 +318,7 @@ __device__ __forceinline__ float load_a(const Gemm& p, const i64* a_row, const f
   }
 }
 
-template <int BM>
+template <int BM, bool FOLD>
 __device__ __forceinline__ void conv_gemm(const Gemm& p, const Batch& b) {
   constexpr int TM = BM / 16;
   // Rows padded by 4 floats: keeps float4 alignment, and the transposing stores of a warp
@@ -328,8 +331,8 @@ __device__ __forceinline__ void conv_gemm(const Gemm& p, const Batch& b) {
 
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
-  const int k_begin = blockIdx.z * p.k_split;
-  const int k_end = min(p.k, k_begin + p.k_split);
+  const int k_begin = FOLD ? 0 : blockIdx.z * p.k_split;
+  const int k_end = FOLD ? p.k : min(p.k, k_begin + p.k_split);
 
   tile_rows<BM>(p, b, m0, a_row, a_rms);
 
@@ -362,9 +365,12 @@ __device__ __forceinline__ void conv_gemm(const Gemm& p, const Batch& b) {
     *reinterpret_cast<float4*>(&bs[buf][tid / 16][(tid % 16) * 4]) = rb;
   };
 
-  float acc[TM][4];
+  float acc[TM][4], total[TM][4];  // FOLD: the current split's sums, and the earlier splits'
 #pragma unroll
-  for (int i = 0; i < TM; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+  for (int i = 0; i < TM; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] = total[i][j] = 0.0f;
+  int split_left = p.k_split;
 
   if (k_begin < k_end) {
     load(k_begin);
@@ -396,12 +402,33 @@ __device__ __forceinline__ void conv_gemm(const Gemm& p, const Batch& b) {
         acc[i][3] += a[i] * w.w;
       }
     }
+    if constexpr (FOLD) {
+      split_left -= BK;
+      if (split_left == 0 || !more) {
+        // last_of_splits' sum: from zero, the splits in order
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            total[i][j] += acc[i][j];
+            acc[i][j] = 0.0f;
+          }
+        split_left = p.k_split;
+      }
+    }
     if (more) stage(buf ^ 1);
     __syncthreads();
     buf ^= 1;
   }
 
-  if (gridDim.z > 1 && !last_of_splits<TM * 4>(p, &acc[0][0], &last_split)) return;
+  if constexpr (FOLD) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] = total[i][j];
+  } else if (gridDim.z > 1 && !last_of_splits<TM * 4>(p, &acc[0][0], &last_split)) {
+    return;
+  }
 
   // Row by row: gathering every row's residuals before the first store measured no faster here
   // and its registers cost a resident block per SM.
@@ -420,19 +447,23 @@ __device__ __forceinline__ void conv_gemm(const Gemm& p, const Batch& b) {
 
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
     conv_gemm_16(const Gemm p, const Batch b) {
-  conv_gemm<16>(p, b);
+  conv_gemm<16, false>(p, b);
 }
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
     conv_gemm_32(const Gemm p, const Batch b) {
-  conv_gemm<32>(p, b);
+  conv_gemm<32, false>(p, b);
 }
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
     conv_gemm_64(const Gemm p, const Batch b) {
-  conv_gemm<64>(p, b);
+  conv_gemm<64, false>(p, b);
 }
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
     conv_gemm_128(const Gemm p, const Batch b) {
-  conv_gemm<128>(p, b);
+  conv_gemm<128, false>(p, b);
+}
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+    conv_gemm_fold_64(const Gemm p, const Batch b) {
+  conv_gemm<64, true>(p, b);
 }
 
 // The same GEMM for few rows (the transformer at small batches), where the tiled kernel's tile

@@ -1000,26 +1000,35 @@ impl Planner<'_> {
     }
 }
 
-/// The tiled GEMM kernels `conv_gemm_{16,32,64,128}` and how to shape a launch of them; the
-/// voice encoders (`crate::encoder`) use them too.
+/// The tiled GEMM kernels `conv_gemm_{16,32,64,128}` (and the folded `conv_gemm_fold_64`)
+/// and how to shape a launch of them; the voice encoders (`crate::encoder`) use them too.
 pub(crate) struct TiledGemm {
     /// Tile height, function, blocks resident per SM.
     kernels: Vec<(usize, CudaFunction, usize)>,
+    /// `conv_gemm_fold_64` and its blocks resident per SM.
+    folded: (CudaFunction, usize),
     sms: usize,
 }
 
+/// The folded kernel's tile height.
+const FOLD_BM: usize = 64;
+
 impl TiledGemm {
     pub(crate) fn load(module: &Arc<CudaModule>, sms: usize) -> Result<Self> {
-        let kernels = [16, 32, 64, 128]
-            .into_iter()
-            .map(|bm| {
-                let f = module.load_function(&format!("conv_gemm_{bm}"))?;
-                let resident =
-                    f.occupancy_max_active_blocks_per_multiprocessor(GEMM_THREADS, 0, None)?;
-                Ok((bm, f, resident as usize))
-            })
-            .collect::<Result<_>>()?;
-        Ok(Self { kernels, sms })
+        let load = |name: String| -> Result<(CudaFunction, usize)> {
+            let f = module.load_function(&name)?;
+            let resident =
+                f.occupancy_max_active_blocks_per_multiprocessor(GEMM_THREADS, 0, None)?;
+            Ok((f, resident as usize))
+        };
+        Ok(Self {
+            kernels: [16, 32, 64, 128]
+                .into_iter()
+                .map(|bm| load(format!("conv_gemm_{bm}")).map(|(f, r)| (bm, f, r)))
+                .collect::<Result<_>>()?,
+            folded: load(format!("conv_gemm_fold_{FOLD_BM}"))?,
+            sms,
+        })
     }
 
     /// Tile height, depth splits and depth per split: the cheapest under a rough cost model,
@@ -1048,16 +1057,44 @@ impl TiledGemm {
             bm: best.1,
             splits: best.2,
             k_split: best.3,
+            fold: false,
         }
     }
 
-    /// The cheapest tile height for a given depth split (batch-invariant plans fix the split).
-    pub(crate) fn tile_height(&self, m: usize, n: usize, k_split: usize, splits: usize) -> usize {
-        self.kernels
+    /// A launch that keeps a given depth split (batch-invariant plans fix the split): folded
+    /// when its 64-row tiles alone make one and a half waves of blocks or more, else split
+    /// across blocks at the cheapest tile height. Measured on an H100 (docs/codec.md): there,
+    /// folding took 8-31% off every product of the codec's passes, up to 128 frames; with
+    /// fewer tiles the split launch's many blocks keep more SMs busy, and folding cost up to
+    /// 3.4x (256 rows).
+    pub(crate) fn keep_split(
+        &self,
+        m: usize,
+        n: usize,
+        k_split: usize,
+        splits: usize,
+    ) -> GemmKernel {
+        let tiles = m.div_ceil(FOLD_BM) * n.div_ceil(GEMM_BN);
+        if splits > 1 && 2 * tiles >= 3 * self.folded.1 * self.sms {
+            return GemmKernel::Tiled {
+                bm: FOLD_BM,
+                splits,
+                k_split,
+                fold: true,
+            };
+        }
+        let bm = self
+            .kernels
             .iter()
             .map(|&(bm, _, resident)| (self.cost(bm, resident, m, n, k_split, splits), bm))
             .min_by(|a, b| a.0.total_cmp(&b.0))
-            .map_or(16, |(_, bm)| bm)
+            .map_or(16, |(_, bm)| bm);
+        GemmKernel::Tiled {
+            bm,
+            splits,
+            k_split,
+            fold: false,
+        }
     }
 
     /// The cost model of [`Self::plan`] for one shape.
@@ -1084,16 +1121,22 @@ impl TiledGemm {
         waves * (bm * GEMM_BN) as f64 * depth
     }
 
-    /// `conv_gemm_{bm}` and its grid for `m x n` outputs in `splits` depth parts.
+    /// `conv_gemm_{bm}` (or `conv_gemm_fold_{bm}`) and its grid for `m x n` outputs in
+    /// `splits` depth parts (one block per tile when folded).
     pub(crate) fn function(
         &self,
         bm: usize,
+        fold: bool,
         m: usize,
         n: usize,
         splits: usize,
     ) -> Option<(&CudaFunction, (usize, usize, usize))> {
+        let grid = |z| (n.div_ceil(GEMM_BN), m.div_ceil(bm), z);
+        if fold {
+            return (bm == FOLD_BM).then_some((&self.folded.0, grid(1)));
+        }
         let (_, f, _) = self.kernels.iter().find(|(height, ..)| *height == bm)?;
-        Some((f, (n.div_ceil(GEMM_BN), m.div_ceil(bm), splits)))
+        Some((f, grid(splits)))
     }
 }
 
@@ -1118,11 +1161,13 @@ pub(crate) enum GemmKernel {
         splits: usize,
         k_split: usize,
     },
-    /// `conv_gemm_{bm}`: `bm` x 64 tiles, the depth split in `splits` parts of `k_split`.
+    /// `conv_gemm_{bm}`: `bm` x 64 tiles, the depth split in `splits` parts of `k_split`;
+    /// with `fold`, `conv_gemm_fold_{bm}`: each block adds up every split itself.
     Tiled {
         bm: usize,
         splits: usize,
         k_split: usize,
+        fold: bool,
     },
 }
 
@@ -1480,6 +1525,8 @@ impl CudaCodec {
             return self.gemm_plan(m, g.n, k);
         }
         match self.gemm_plan(g.input.rate, g.n, k) {
+            // one frame: the plan was made for exactly these rows
+            plan if m == g.input.rate => plan,
             GemmKernel::Skinny {
                 splits, k_split, ..
             } => GemmKernel::Skinny {
@@ -1489,11 +1536,7 @@ impl CudaCodec {
             },
             GemmKernel::Tiled {
                 splits, k_split, ..
-            } => GemmKernel::Tiled {
-                bm: self.kernels.gemm.tile_height(m, g.n, k_split, splits),
-                splits,
-                k_split,
-            },
+            } => self.kernels.gemm.keep_split(m, g.n, k_split, splits),
         }
     }
 
@@ -1505,6 +1548,7 @@ impl CudaCodec {
                 n.div_ceil(SKINNY_COLS) * m.div_ceil(rows),
                 rows * 4 * GEMM_THREADS as usize,
             ),
+            GemmKernel::Tiled { fold: true, .. } => (1, 0, 0),
             GemmKernel::Tiled { bm, splits, .. } => {
                 (splits, n.div_ceil(GEMM_BN) * m.div_ceil(bm), bm * GEMM_BN)
             }
@@ -1721,12 +1765,12 @@ impl CudaCodec {
                 let grid = (g.n.div_ceil(SKINNY_COLS), m.div_ceil(rows), splits);
                 (f.map(|(_, f, _)| f), grid)
             }
-            GemmKernel::Tiled { bm, splits, .. } => {
-                match self.kernels.gemm.function(bm, m, g.n, splits) {
-                    Some((f, grid)) => (Some(f), grid),
-                    None => (None, (0, 0, 0)),
-                }
-            }
+            GemmKernel::Tiled {
+                bm, splits, fold, ..
+            } => match self.kernels.gemm.function(bm, fold, m, g.n, splits) {
+                Some((f, grid)) => (Some(f), grid),
+                None => (None, (0, 0, 0)),
+            },
         };
         let function = function.context("internal: no GEMM kernel for the plan")?;
         let cfg = LaunchConfig {
@@ -1772,7 +1816,12 @@ impl CudaCodec {
                     GemmKernel::Skinny { rows, splits, .. } => {
                         format!("skinny={rows} splits={splits}")
                     }
-                    GemmKernel::Tiled { bm, splits, .. } => format!("tile={bm} splits={splits}"),
+                    GemmKernel::Tiled {
+                        bm, splits, fold, ..
+                    } => format!(
+                        "tile={bm} splits={splits}{}",
+                        if fold { " folded" } else { "" }
+                    ),
                 };
                 format!("gemm m={m} n={} k={k} {how}", g.n)
             }

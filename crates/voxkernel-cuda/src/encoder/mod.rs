@@ -372,6 +372,7 @@ impl Gpu {
             bm,
             splits,
             k_split,
+            fold: false,
         } = self.kernels.gemm.plan(g.m, g.n, k)
         else {
             bail!("internal: the encoders use the tiled GEMM only");
@@ -379,7 +380,7 @@ impl Gpu {
         let (function, grid) = self
             .kernels
             .gemm
-            .function(bm, g.m, g.n, splits)
+            .function(bm, false, g.m, g.n, splits)
             .context("internal: no GEMM kernel for the plan")?;
         ensure!(
             grid.1 <= MAX_GRID_Y,

@@ -1063,10 +1063,10 @@ impl TiledGemm {
 
     /// A launch that keeps a given depth split (batch-invariant plans fix the split): folded
     /// when its 64-row tiles alone make one and a half waves of blocks or more, else split
-    /// across blocks at the cheapest tile height. Measured on an H100 (docs/codec.md): there,
-    /// folding took 8-31% off every product of the codec's passes, up to 128 frames; with
+    /// across blocks at the cheapest tile height. Measured on an H100 (docs/codec.md): folding
+    /// took 8-31% off every product of the codec whose folded grid had 768 tiles or more; with
     /// fewer tiles the split launch's many blocks keep more SMs busy, and folding cost up to
-    /// 3.4x (256 rows).
+    /// 3.4x (256 rows). One frame's products (60 tiles at most) stay split on any Hopper GPU.
     pub(crate) fn keep_split(
         &self,
         m: usize,
@@ -1525,8 +1525,6 @@ impl CudaCodec {
             return self.gemm_plan(m, g.n, k);
         }
         match self.gemm_plan(g.input.rate, g.n, k) {
-            // one frame: the plan was made for exactly these rows
-            plan if m == g.input.rate => plan,
             GemmKernel::Skinny {
                 splits, k_split, ..
             } => GemmKernel::Skinny {

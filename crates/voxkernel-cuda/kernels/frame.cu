@@ -1,4 +1,4 @@
-// voxkernel frame megakernel (version 1.12: phases chained by tagged words, no grid barriers; o,
+// voxkernel frame megakernel (version 1.13: phases chained by tagged words, no grid barriers; o,
 // down and gate|up tasks shared by warp pairs; V appended by a warp of its own; norm weights
 // loaded before the wait; a sampler with two barriers per radix round; the predictor's first
 // two positions in one pass; one exp per warp state in the attention's merge; matvec inputs in
@@ -6,9 +6,10 @@
 // sequence; a warp's first cached K/V row loaded before the wait, and rows read whole before
 // they are stored; in the solo build, the attention merge's factors once per warp state and
 // the flat collect out of line; the talker's attention chunks counted by one acquire-release
-// increment; the block argmax's warp results reduced by one warp).
+// increment; the block argmax's warp results reduced by one warp; a wide build for launches of
+// up to eight sequences).
 //
-// One cooperative launch advances up to PARAM_B sequences (the solo build: one) by one audio
+// One cooperative launch advances up to MAX_B sequences (the solo build: one) by one audio
 // frame:
 //   code predictor (15 passes: past_hidden and CE(c0) as two rows of one pass, or as two
 //   single-token passes when 2 * batch rows do not fit MAX_B; then 14 group embeddings),
@@ -23,21 +24,27 @@ typedef unsigned short bf16_t;
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
-// The host compiles this file twice: as is, for launches of up to PARAM_B sequences, and with
-// SOLO 1 first, for launches of one sequence. The per-row loops of a matvec are unrolled as wide
-// as the most rows its pass carries and guarded at run time: MAX_B wide in the full build; in
-// the solo build 2 wide in the fused first predictor pass and 1 wide elsewhere. Unrolled 4 wide,
-// they cost a launch of one sequence ~0.15 ms of its ~2.78 (docs/kernel-notes.md, "Version 1.9").
+// The host compiles this file three times: as is (the full build), for launches of up to 4
+// sequences; with WIDE 1 first, for launches of up to 8 (many sessions); and with SOLO 1 first,
+// for launches of one sequence. The per-row loops of a matvec are unrolled as wide as the most
+// rows its pass carries and guarded at run time: MAX_B wide in the full and wide builds; in the
+// solo build 2 wide in the fused first predictor pass and 1 wide elsewhere. Unrolled 4 wide,
+// they cost a launch of one sequence ~0.15 ms of its ~2.78 (docs/kernel-notes.md, "Version
+// 1.9"); unrolled 8 wide, ~0.57 ms of 3.39 (session 9), so launches of 2-4 keep the full build.
 #ifndef SOLO
 #define SOLO 0
 #endif
-// Sequences the Params arrays and the x-word buffers are laid out for (the host's MAX_BATCH).
-#define PARAM_B 4
-#define MAX_B (SOLO ? 2 : PARAM_B)
+#ifndef WIDE
+#define WIDE 0
+#endif
+// Sequences the Params arrays and the x-word buffers are laid out for (the host's MAX_BATCH),
+// the same in every build.
+#define PARAM_B 8
+#define MAX_B (SOLO ? 2 : WIDE ? 8 : 4)
 // The loop width of a pass of one row per sequence.
 #define SEQ_B (SOLO ? 1 : MAX_B)
 // The most sequences a launch of this build may carry; the host reads it from the module.
-__constant__ int frame_sequences = SOLO ? 1 : PARAM_B;
+__constant__ int frame_sequences = SOLO ? 1 : MAX_B;
 #define WARPS 16
 #define THREADS (WARPS * 32)
 #define MAX_HEAD_DIM 128
@@ -150,7 +157,7 @@ struct Params {
 
 // The host mirrors these structs (src/layout.rs); a size mismatch fails the compile.
 static_assert(sizeof(Stack) == 72, "Stack layout changed: update src/layout.rs");
-static_assert(sizeof(Params) == 936, "Params layout changed: update src/layout.rs");
+static_assert(sizeof(Params) == 1496, "Params layout changed: update src/layout.rs");
 
 // The thread index, read where it is used: kept out of the compiler's loop-invariant hoisting,
 // whose long-lived copies of index arithmetic would otherwise spill registers.

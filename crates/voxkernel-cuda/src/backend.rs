@@ -17,8 +17,8 @@ use voxkernel_core::prompt::{CodecSource, PromptPlan};
 use voxkernel_core::sampling::{SamplerParams, SamplingConfig};
 
 use crate::layout::{
-    BLOCK_THREADS, BLOCK_WARPS, CODE_WORDS, EXCHANGE_BITS, FrameParams, HEADS_PER_PASS, HIST_WORDS,
-    MAX_BATCH, MAX_HEAD_DIM, MODE_FRAME, MODE_HEAD, OWN_CODES, Sampler, Stack,
+    BLOCK_THREADS, BLOCK_WARPS, CODE_WORDS, EXCHANGE_BITS, FULL_BATCH, FrameParams, HEADS_PER_PASS,
+    HIST_WORDS, MAX_BATCH, MAX_HEAD_DIM, MODE_FRAME, MODE_HEAD, OWN_CODES, Sampler, Stack,
 };
 use crate::prefill::{Codec, Prefill, Segment, TalkerState, TextRow};
 use crate::runtime::{self, device_ptr, zeros};
@@ -143,10 +143,9 @@ impl Exchange {
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    /// The frame kernel built for launches of up to `MAX_BATCH` sequences.
-    frame_fn: CudaFunction,
-    /// The same kernel built for launches of one sequence (faster for them).
-    solo_frame_fn: CudaFunction,
+    /// The frame kernel's builds, narrowest first: for launches of one sequence (faster for
+    /// them), of up to `FULL_BATCH`, and, where it fits the GPU, of up to `MAX_BATCH`.
+    builds: Vec<FrameBuild>,
     geometry: Geometry,
     options: CudaOptions,
     weights: DeviceWeights,
@@ -155,17 +154,26 @@ pub struct CudaBackend {
     /// Pointers and sizes; every launch copies it and fills the per-launch fields.
     base: FrameParams,
     grid: u32,
-    frame_smem: u32,
     /// The last launch's epoch (`FrameParams::epoch`).
     epoch: u32,
     /// Record phase marks (`FrameParams::marks`) in every launch.
     profile: bool,
-    /// Code words of every slot's group of up to `MAX_BATCH` head launches.
+    /// Code words of every slot, in groups of up to `MAX_BATCH` (one launch each).
     codes_host: PinnedHostSlice<i32>,
     slots: Vec<Option<SlotState>>,
     device_name: String,
     /// The text-track id of the trailing row after the text runs out.
     tts_pad_id: u32,
+}
+
+/// One build of the frame kernel and how it is launched.
+struct FrameBuild {
+    function: CudaFunction,
+    /// The most sequences one launch carries.
+    sequences: usize,
+    /// `FrameParams::smem_x_floats` and the dynamic shared memory of its launches.
+    smem_x_floats: i32,
+    smem: u32,
 }
 
 /// `frame_kernel` of a module that carries at least `sequences` per launch (its
@@ -270,8 +278,22 @@ impl CudaBackend {
         let ctx = runtime::open_device()?;
         let stream = ctx.default_stream();
         let modules = runtime::load_frame_modules(&ctx)?;
-        let frame_fn = frame_function(&modules.full, &stream, MAX_BATCH, runtime::CUBIN_ENV)?;
-        let solo_frame_fn = frame_function(&modules.solo, &stream, 1, runtime::SOLO_CUBIN_ENV)?;
+        let mut functions = vec![
+            (
+                frame_function(&modules.solo, &stream, 1, runtime::SOLO_CUBIN_ENV)?,
+                1,
+            ),
+            (
+                frame_function(&modules.full, &stream, FULL_BATCH, runtime::CUBIN_ENV)?,
+                FULL_BATCH,
+            ),
+        ];
+        if let Some(wide) = &modules.wide {
+            functions.push((
+                frame_function(wide, &stream, MAX_BATCH, runtime::WIDE_CUBIN_ENV)?,
+                MAX_BATCH,
+            ));
+        }
         let weights = DeviceWeights::upload(checkpoint, &geometry, &stream)?;
 
         let (t, c) = (&geometry.talker, &geometry.cp);
@@ -384,35 +406,54 @@ impl CudaBackend {
         .into_iter()
         .max()
         .unwrap_or(0);
-        let smem_x_floats = MAX_BATCH * max_k;
         let work = [
             attention_work_floats(t),
             attention_work_floats(c),
             sampling_work_floats(geometry.vocab),
             sampling_work_floats(geometry.cp_vocab),
-            // the split-K products' partial sums: two slots per warp pair, by row parity
-            2 * BLOCK_WARPS * MAX_BATCH,
         ]
         .into_iter()
         .max()
         .unwrap_or(0);
-        // x inputs, the block's raw x rows, reduction words, attention / sampling scratch
-        let frame_smem = (4 * (smem_x_floats + MAX_BATCH * max_hidden + 64 + work)) as u32;
-        for f in [&frame_fn, &solo_frame_fn] {
-            f.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                frame_smem as i32,
-            )?;
-            let resident = f.occupancy_max_active_blocks_per_multiprocessor(
-                BLOCK_THREADS,
-                frame_smem as usize,
-                None,
-            )?;
-            ensure!(
-                resident >= 1,
-                "the frame kernel cannot be resident on this GPU ({frame_smem} bytes of shared \
-                 memory, {BLOCK_THREADS} threads per block)"
-            );
+        let max_smem = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
+            as u32;
+        let mut builds = Vec::new();
+        for (function, sequences) in functions {
+            // The solo build keeps the full build's size: the L1 carve-out it was tuned with.
+            let width = sequences.max(FULL_BATCH);
+            // the split-K products' partial sums: two slots per warp pair, by row parity
+            let work = work.max(2 * BLOCK_WARPS * width);
+            // x inputs, the block's raw x rows, reduction words, attention / sampling scratch
+            let smem_x_floats = width * max_k;
+            let smem = (4 * (smem_x_floats + width * max_hidden + 64 + work)) as u32;
+            let resident = smem <= max_smem
+                && function
+                    .set_attribute(
+                        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        smem as i32,
+                    )
+                    .is_ok()
+                && function.occupancy_max_active_blocks_per_multiprocessor(
+                    BLOCK_THREADS,
+                    smem as usize,
+                    None,
+                )? >= 1;
+            if !resident {
+                // Launches of many sequences fall back to the narrower builds; those must fit.
+                ensure!(
+                    sequences == MAX_BATCH,
+                    "the frame kernel cannot be resident on this GPU ({smem} bytes of shared \
+                     memory, {BLOCK_THREADS} threads per block)"
+                );
+                continue;
+            }
+            builds.push(FrameBuild {
+                function,
+                sequences,
+                smem_x_floats: smem_x_floats as i32,
+                smem,
+            });
         }
         let sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         // One block per SM: every block must be co-resident, since blocks wait on each other's
@@ -470,7 +511,6 @@ impl CudaBackend {
             max_qkv: max_qkv as i32,
             max_q: max_q as i32,
             max_inter: max_inter as i32,
-            smem_x_floats: smem_x_floats as i32,
             ..Default::default()
         };
         let prefill = Prefill::new(
@@ -496,8 +536,7 @@ impl CudaBackend {
         Ok(Self {
             ctx,
             stream,
-            frame_fn,
-            solo_frame_fn,
+            builds,
             geometry,
             options,
             weights,
@@ -505,7 +544,6 @@ impl CudaBackend {
             prefill,
             base,
             grid,
-            frame_smem,
             epoch: 0,
             profile: false,
             codes_host,
@@ -603,7 +641,9 @@ impl CudaBackend {
             *dst = *src as i32;
         }
         forced[16] = next_c0 as i32;
-        let words = self.run_frames(&[slot.0], Some(&[forced]))?[0];
+        self.check_runnable(&[slot.0])?;
+        self.launch_frames(&[slot.0], Some(&[forced]), 0)?;
+        let words = self.take_frames(&[slot.0])?[0];
         let mut own_frame = *frame;
         for (dst, src) in own_frame.iter_mut().zip(&words[OWN_CODES..]).skip(1) {
             *dst = *src as u32;
@@ -692,16 +732,18 @@ impl CudaBackend {
             self.stream.memset_zeros(&mut self.bufs.marks)?;
             params.marks = device_ptr(&self.bufs.marks, &self.stream);
         }
+        let build = self
+            .builds
+            .iter()
+            .find(|b| b.sequences >= params.batch as usize)
+            .with_context(|| format!("no frame kernel build carries {} sequences", params.batch))?;
+        params.smem_x_floats = build.smem_x_floats;
         let cfg = LaunchConfig {
             grid_dim: (self.grid, 1, 1),
             block_dim: (BLOCK_THREADS, 1, 1),
-            shared_mem_bytes: self.frame_smem,
+            shared_mem_bytes: build.smem,
         };
-        let kernel = match params.batch {
-            1 => &self.solo_frame_fn,
-            _ => &self.frame_fn,
-        };
-        let mut launch = self.stream.launch_builder(kernel);
+        let mut launch = self.stream.launch_builder(&build.function);
         launch.arg(&params);
         // SAFETY: every pointer in `params` addresses a live allocation owned by `self` and sized
         // in `new` for the geometry and options the kernel is told about; the cooperative launch
@@ -785,12 +827,14 @@ impl CudaBackend {
             self.prefill_pass(sequences, &pass)?;
         }
 
-        // The codec head and codebook-0 sampling of each sequence's last row, MAX_BATCH at once.
+        // The codec head and codebook-0 sampling of each sequence's last row, as many at once
+        // as a launch carries.
         let head = self.prefill.head_ptr();
         let codes = self.base.codes;
         let stride = self.prefill.head_stride();
-        for (group, batch) in sequences.chunks(MAX_BATCH).enumerate() {
-            let first = group * MAX_BATCH;
+        let width = self.widest_launch();
+        for (group, batch) in sequences.chunks(width).enumerate() {
+            let first = group * width;
             let mut p = self.base;
             p.mode = MODE_HEAD;
             p.batch = batch.len() as i32;
@@ -877,37 +921,56 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// One frame launch for up to MAX_BATCH unfinished sequences; updates their states and
-    /// returns each sequence's code words.
-    fn run_frames(
-        &mut self,
-        slots: &[usize],
-        forced: Option<&[[i32; 17]]>,
-    ) -> Result<Vec<[i32; CODE_WORDS]>> {
-        let mut p = self.base;
-        p.mode = MODE_FRAME;
-        p.batch = slots.len() as i32;
-        for (b, &slot) in slots.iter().enumerate() {
-            let st = self.slots[slot].clone().context("slot vanished")?;
+    /// Fails unless every slot is an unfinished sequence with room for one more frame.
+    fn check_runnable(&self, slots: &[usize]) -> Result<()> {
+        for &slot in slots {
+            let st = self.state(SlotId(slot))?;
             ensure!(st.finished.is_none(), "slot {slot} has already finished");
             ensure!(
                 st.pos < self.options.max_len,
                 "slot {slot} reached max_len {}",
                 self.options.max_len
             );
+        }
+        Ok(())
+    }
+
+    /// The most sequences one launch of the builds this GPU runs carries.
+    fn widest_launch(&self) -> usize {
+        self.builds.last().map_or(1, |b| b.sequences)
+    }
+
+    /// Queues one frame launch for sequences checked by `check_runnable`, at most
+    /// `widest_launch`; their code words land from sequence `first` of the codes buffer on.
+    fn launch_frames(
+        &mut self,
+        slots: &[usize],
+        forced: Option<&[[i32; 17]]>,
+        first: usize,
+    ) -> Result<()> {
+        let mut p = self.base;
+        p.mode = MODE_FRAME;
+        p.batch = slots.len() as i32;
+        p.codes += (first * CODE_WORDS * 4) as u64;
+        for (b, &slot) in slots.iter().enumerate() {
+            let st = self.state(SlotId(slot))?.clone();
             self.fill_sequence(&mut p, b, slot, &st)?;
         }
         if let Some(f) = forced {
             p.forced = 1;
             p.forced_codes[..f.len()].copy_from_slice(f);
         }
-        self.launch_frame_kernel(&p)?;
+        self.launch_frame_kernel(&p)
+    }
+
+    /// Waits for the queued launches of `slots` (in launch order, their code words one after
+    /// another), then advances their states and returns each sequence's code words.
+    fn take_frames(&mut self, slots: &[usize]) -> Result<Vec<[i32; CODE_WORDS]>> {
         let codes = self.read_codes(slots.len() * CODE_WORDS)?;
         let eos = self.geometry.eos_id;
         let mut out = Vec::with_capacity(slots.len());
-        for (b, &slot) in slots.iter().enumerate() {
-            let mut words = [0i32; CODE_WORDS];
-            words.copy_from_slice(&codes[b * CODE_WORDS..(b + 1) * CODE_WORDS]);
+        for (&slot, words) in slots.iter().zip(codes.chunks_exact(CODE_WORDS)) {
+            let words: [i32; CODE_WORDS] = words.try_into()?;
             let st = self.slots[slot].as_mut().context("slot vanished")?;
             st.pos += 1;
             st.frames += 1;
@@ -1036,7 +1099,7 @@ impl FrameBackend for CudaBackend {
     }
 
     /// Every spec's prompt rows go through one batched prefill (passes of up to
-    /// `max_prefill_rows` rows), then one head launch per `MAX_BATCH` sequences.
+    /// `max_prefill_rows` rows), then one head launch per `widest_launch` sequences.
     fn start(&mut self, specs: &[SequenceSpec]) -> Vec<Result<SlotId>> {
         let mut results = Vec::with_capacity(specs.len());
         let mut sequences = Vec::new();
@@ -1059,29 +1122,38 @@ impl FrameBackend for CudaBackend {
         results
     }
 
+    /// Queues a launch per `widest_launch` unfinished sequences and reads all their codes
+    /// once, so that the launches follow each other without a host round trip.
     fn step(&mut self, slots: &[SlotId]) -> Result<Vec<FrameEvent>> {
         check_distinct(slots)?;
-        let mut events: Vec<Option<FrameEvent>> = vec![None; slots.len()];
-        let mut running = Vec::new();
-        for (i, slot) in slots.iter().enumerate() {
-            match self.state(*slot)?.finished {
-                Some(reason) => events[i] = Some(FrameEvent::Finished(reason)),
-                None => running.push(i),
+        let mut finished = Vec::with_capacity(slots.len());
+        let mut launched = Vec::new();
+        for slot in slots {
+            let reason = self.state(*slot)?.finished;
+            finished.push(reason.map(FrameEvent::Finished));
+            if reason.is_none() {
+                launched.push(slot.0);
             }
         }
-        for chunk in running.chunks(MAX_BATCH) {
-            let ids: Vec<usize> = chunk.iter().map(|&i| slots[i].0).collect();
-            for (&i, words) in chunk.iter().zip(self.run_frames(&ids, None)?) {
-                let mut frame: Frame = [0; NUM_CODE_GROUPS];
-                for (dst, src) in frame.iter_mut().zip(words.iter()) {
-                    *dst = *src as u32;
-                }
-                events[i] = Some(FrameEvent::Frame(frame));
-            }
+        self.check_runnable(&launched)?;
+        let width = self.widest_launch();
+        for (group, chunk) in launched.chunks(width).enumerate() {
+            self.launch_frames(chunk, None, group * width)?;
         }
-        events
+        let mut frames = self.take_frames(&launched)?.into_iter();
+        finished
             .into_iter()
-            .map(|e| e.context("a slot got no event"))
+            .map(|event| match event {
+                Some(event) => Ok(event),
+                None => {
+                    let words = frames.next().context("a slot got no codes")?;
+                    let mut frame: Frame = [0; NUM_CODE_GROUPS];
+                    for (dst, src) in frame.iter_mut().zip(words.iter()) {
+                        *dst = *src as u32;
+                    }
+                    Ok(FrameEvent::Frame(frame))
+                }
+            })
             .collect()
     }
 
@@ -1124,7 +1196,7 @@ impl FrameBackend for CudaBackend {
     }
 }
 
-/// Code words for `slots` sequences, in whole groups of `MAX_BATCH` (one head launch each).
+/// Code words for `slots` sequences, in whole groups of `MAX_BATCH` (one launch each).
 fn code_words(slots: usize) -> usize {
     slots.next_multiple_of(MAX_BATCH) * CODE_WORDS
 }

@@ -1,8 +1,12 @@
 //! `#[repr(C)]` mirrors of the structs in `kernels/frame.cu` and `kernels/prefill.cu`. Field order and types must match
 //! the CUDA side exactly; device pointers are plain `u64`.
 
-/// Sequences one frame launch can carry (`MAX_B` in the kernel).
-pub const MAX_BATCH: usize = 4;
+/// Sequences one frame launch can carry at most (`PARAM_B` in the kernel: the wide build's
+/// `MAX_B`); the parameter arrays and per-launch buffers hold this many.
+pub const MAX_BATCH: usize = 8;
+/// Sequences a launch of the full build carries (its `MAX_B`); the solo build's shared memory
+/// is sized as the full build's.
+pub const FULL_BATCH: usize = 4;
 /// Threads per block (`THREADS` in the kernel).
 pub const BLOCK_THREADS: u32 = 512;
 /// Per-sequence words of the `codes` scratch (`CODE_WORDS` in the kernel).

@@ -13,8 +13,13 @@ use cudarc::nvrtc::{Ptx, result as nvrtc_result, sys as nvrtc_sys};
 use sha2::{Digest, Sha256};
 
 /// The megakernel source: the frame kernel (and the head + sampling of a prefill), built for
-/// launches of up to `MAX_BATCH` sequences.
+/// launches of up to `FULL_BATCH` sequences.
 pub const FRAME_SOURCE: &str = include_str!("../kernels/frame.cu");
+
+/// The same kernel built for launches of up to `MAX_BATCH` sequences (`WIDE`: its loops over
+/// the sequences run that wide), which many sessions share.
+pub const WIDE_FRAME_SOURCE: &str =
+    concat!("#define WIDE 1\n", include_str!("../kernels/frame.cu"));
 
 /// The same kernel built for launches of one sequence (`SOLO`: its passes of one row run
 /// loops one row wide).
@@ -40,6 +45,11 @@ pub const CUBIN_ENV: &str = "VOXKERNEL_CUBIN";
 /// Environment variable naming a prebuilt CUBIN to load instead of compiling
 /// `SOLO_FRAME_SOURCE`.
 pub const SOLO_CUBIN_ENV: &str = "VOXKERNEL_SOLO_CUBIN";
+
+/// Environment variable naming a prebuilt CUBIN to load instead of compiling
+/// `WIDE_FRAME_SOURCE`. Where `CUBIN_ENV` is set and this is not, there is no wide build:
+/// launches carry what the given CUBIN carries.
+pub const WIDE_CUBIN_ENV: &str = "VOXKERNEL_WIDE_CUBIN";
 
 /// True when the CUDA driver library can be loaded. Every GPU entry point checks this first,
 /// because cudarc panics on first use when the library is missing.
@@ -116,14 +126,15 @@ pub(crate) fn device_ptr<T>(slice: &CudaSlice<T>, stream: &Arc<CudaStream>) -> u
     slice.device_ptr(stream).0
 }
 
-/// The frame kernel's two builds: for launches of several sequences, and of one.
+/// The frame kernel's builds: for launches of several sequences, of one, and of many.
 pub struct FrameModules {
     pub full: Arc<CudaModule>,
     pub solo: Arc<CudaModule>,
+    pub wide: Option<Arc<CudaModule>>,
 }
 
-/// Loads both frame-kernel builds: each from its CUBIN environment variable when set (see
-/// `CUBIN_ENV`), else from the cache, else compiled with NVRTC (both at once) and cached.
+/// Loads the frame-kernel builds: each from its CUBIN environment variable when set (see
+/// `CUBIN_ENV`), else from the cache, else compiled with NVRTC (all at once) and cached.
 pub fn load_frame_modules(ctx: &Arc<CudaContext>) -> Result<FrameModules> {
     let given = |var: &str| -> Result<Option<Vec<u8>>> {
         std::env::var_os(var)
@@ -135,19 +146,32 @@ pub fn load_frame_modules(ctx: &Arc<CudaContext>) -> Result<FrameModules> {
     };
     let full = given(CUBIN_ENV)?;
     let solo = given(SOLO_CUBIN_ENV)?.or_else(|| full.clone());
+    let wide = given(WIDE_CUBIN_ENV)?;
+    let compile_wide = wide.is_none() && full.is_none();
     let (major, minor) = ctx.compute_capability()?;
     let (arch, driver) = (arch_name(major, minor), driver_version()?);
     let cubin = |given: Option<Vec<u8>>, name: &str, source: &str| match given {
         Some(cubin) => Ok(cubin),
         None => cached_or_compiled(name, source, &arch, driver),
     };
-    let (full, solo) = std::thread::scope(|scope| {
+    let (full, solo, wide) = std::thread::scope(|scope| {
+        let joined = |handle: std::thread::ScopedJoinHandle<'_, Result<Vec<u8>>>| {
+            handle
+                .join()
+                .map_err(|_| anyhow::anyhow!("the NVRTC thread panicked"))?
+        };
         let solo = scope.spawn(|| cubin(solo, "frame-solo", SOLO_FRAME_SOURCE));
+        let wide = match wide {
+            Some(cubin) => Some(scope.spawn(move || Ok(cubin))),
+            None if compile_wide => {
+                Some(scope.spawn(|| cubin(None, "frame-wide", WIDE_FRAME_SOURCE)))
+            }
+            None => None,
+        };
         let full = cubin(full, "frame", FRAME_SOURCE)?;
-        let solo = solo
-            .join()
-            .map_err(|_| anyhow::anyhow!("the NVRTC thread panicked"))??;
-        anyhow::Ok((full, solo))
+        let solo = joined(solo)?;
+        let wide = wide.map(joined).transpose()?;
+        anyhow::Ok((full, solo, wide))
     })?;
     let load = |cubin: Vec<u8>, what: &str| {
         ctx.load_module(Ptx::from_binary(cubin))
@@ -156,6 +180,7 @@ pub fn load_frame_modules(ctx: &Arc<CudaContext>) -> Result<FrameModules> {
     Ok(FrameModules {
         full: load(full, "full")?,
         solo: load(solo, "solo")?,
+        wide: wide.map(|cubin| load(cubin, "wide")).transpose()?,
     })
 }
 
@@ -366,6 +391,7 @@ mod tests {
         let builds = [
             ("frame", FRAME_SOURCE, "frame_kernel"),
             ("frame (solo)", SOLO_FRAME_SOURCE, "frame_kernel"),
+            ("frame (wide)", WIDE_FRAME_SOURCE, "frame_kernel"),
             ("codec", CODEC_SOURCE, ""),
             ("prefill", PREFILL_SOURCE, "gemm"),
         ];

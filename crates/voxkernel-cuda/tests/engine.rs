@@ -89,12 +89,19 @@ fn collect(mut session: Session) -> (Vec<Frame>, Vec<i16>, EndReason) {
 #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
 fn concurrent_sessions_equal_their_solo_runs_on_the_gpu() {
     let model = model();
+    // Ten sessions of different lengths: launches of 8 (the wide build) and 2 at first, then,
+    // as sessions end, launches of every width down to one.
     let texts = [
         ("Good morning.", 1u64, 12usize),
         ("How are you doing today?", 2, 20),
         ("Fine.", 3, 7),
         ("A somewhat longer sentence, to keep going.", 4, 25),
         ("Five sessions, more than one batch.", 5, 16),
+        ("Six.", 6, 9),
+        ("Seven sessions still fit one wide launch.", 7, 22),
+        ("Eight.", 8, 14),
+        ("Nine sessions need a second launch.", 9, 18),
+        ("Ten, and the last one.", 10, 11),
     ];
     let solo: Vec<_> = {
         let engine = engine(&model, 1);

@@ -161,16 +161,14 @@ pub fn load_frame_modules(ctx: &Arc<CudaContext>) -> Result<FrameModules> {
                 .map_err(|_| anyhow::anyhow!("the NVRTC thread panicked"))?
         };
         let solo = scope.spawn(|| cubin(solo, "frame-solo", SOLO_FRAME_SOURCE));
-        let wide = match wide {
-            Some(cubin) => Some(scope.spawn(move || Ok(cubin))),
-            None if compile_wide => {
-                Some(scope.spawn(|| cubin(None, "frame-wide", WIDE_FRAME_SOURCE)))
-            }
-            None => None,
-        };
+        let compiling_wide =
+            compile_wide.then(|| scope.spawn(|| cubin(None, "frame-wide", WIDE_FRAME_SOURCE)));
         let full = cubin(full, "frame", FRAME_SOURCE)?;
         let solo = joined(solo)?;
-        let wide = wide.map(joined).transpose()?;
+        let wide = match compiling_wide {
+            Some(handle) => Some(joined(handle)?),
+            None => wide,
+        };
         anyhow::Ok((full, solo, wide))
     })?;
     let load = |cubin: Vec<u8>, what: &str| {

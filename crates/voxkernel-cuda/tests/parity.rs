@@ -346,35 +346,49 @@ fn two_sequences_in_one_launch_match_running_alone() {
     // empty in the talker's attention
     assert_ne!(cases[0].prefill.len(), cases[1].prefill.len());
     for (variant, opts) in variants() {
-        two_sequences_together(&ckpt, &cases, opts, variant);
+        sequences_together(&ckpt, &[&cases[0], &cases[1]], opts, variant);
     }
 }
 
-fn two_sequences_together(ckpt: &Checkpoint, cases: &[Case], opts: CudaOptions, variant: &str) {
+/// Seven sequences in one launch run on the wide build (launches of 5-8); as they finish, the
+/// launches narrow to the full and solo builds. Every sequence gives the official codes.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
+fn seven_sequences_in_one_launch_match_official() {
+    require_gpu_and_fixtures();
+    let dir = fixture_root().join("tiny-custom-voice");
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    let cases = load_cases(&dir);
+    let seven: Vec<&Case> = cases.iter().cycle().take(7).collect();
+    let opts = CudaOptions {
+        max_slots: 7,
+        ..options()
+    };
+    sequences_together(&ckpt, &seven, opts, "default");
+}
+
+fn sequences_together(ckpt: &Checkpoint, cases: &[&Case], opts: CudaOptions, variant: &str) {
     let mut backend = CudaBackend::new(ckpt, opts).unwrap();
-    let a = backend
-        .start_with_rows(
-            &cases[0].prefill,
-            &cases[0].trailing,
-            greedy(ckpt, 0),
-            cases[0].max_frames(),
-        )
-        .unwrap();
-    let b = backend
-        .start_with_rows(
-            &cases[1].prefill,
-            &cases[1].trailing,
-            greedy(ckpt, 0),
-            cases[1].max_frames(),
-        )
-        .unwrap();
-    let mut got = [Vec::new(), Vec::new()];
+    let slots: Vec<SlotId> = cases
+        .iter()
+        .map(|case| {
+            backend
+                .start_with_rows(
+                    &case.prefill,
+                    &case.trailing,
+                    greedy(ckpt, 0),
+                    case.max_frames(),
+                )
+                .unwrap()
+        })
+        .collect();
+    let mut got = vec![Vec::new(); cases.len()];
     loop {
-        let events = backend.step(&[a, b]).unwrap();
+        let events = backend.step(&slots).unwrap();
         let mut done = true;
-        for (i, e) in events.iter().enumerate() {
+        for (frames, e) in got.iter_mut().zip(&events) {
             if let FrameEvent::Frame(f) = e {
-                got[i].push(*f);
+                frames.push(*f);
                 done = false;
             }
         }
@@ -382,8 +396,9 @@ fn two_sequences_together(ckpt: &Checkpoint, cases: &[Case], opts: CudaOptions, 
             break;
         }
     }
-    assert_eq!(got[0], cases[0].codes, "{} ({variant})", cases[0].name);
-    assert_eq!(got[1], cases[1].codes, "{} ({variant})", cases[1].name);
+    for (frames, case) in got.iter().zip(cases) {
+        assert_eq!(*frames, case.codes, "{} ({variant})", case.name);
+    }
 }
 
 #[test]

@@ -15,6 +15,8 @@ def lines(path):
 
 def main():
     ours, peers = lines(sys.argv[1]), lines(sys.argv[2])
+    # (the joining sessions' lines, `--joins`, have no peer counterpart)
+    ours = [r for r in ours if r.get("bench") == "e2e"]
     rows = []
     for r in ours:
         rows.append((f"voxkernel, {r['concurrency']} session(s)",

@@ -7,7 +7,8 @@
 #                                     (run_peers.sh: official qwen-tts, faster-qwen3-tts) and
 #                                     `voxkernel bench --e2e`, then the ratios (carry everything
 #                                     in .gpu-e2e but bin/: the two parts together are over the
-#                                     64 MiB a call can carry); PEERS=0 leaves the peers out
+#                                     64 MiB a call can carry); PEERS=0 leaves the peers out;
+#                                     JOINS=N adds `--joins N` (sessions joining busy levels)
 set -u
 G=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}
@@ -55,7 +56,7 @@ if [ "$PART" != tests ]; then
   fi
   echo "== voxkernel bench --e2e"
   timeout 300 $B/voxkernel bench --e2e --model "$CKPT" --backend cuda \
-    --concurrency "${CONCURRENCY:-1,4,16}" --frames "$FRAMES" --speaker ryan 2>&1 \
+    --concurrency "${CONCURRENCY:-1,4,16}" --frames "$FRAMES" --joins "${JOINS:-0}" --speaker ryan 2>&1 \
     | tee "$OUT/voxkernel.log" | grep -v '^{' | tail -5
   grep '^{' "$OUT/voxkernel.log" > "$OUT/voxkernel.jsonl"
   cat "$OUT/voxkernel.jsonl"

@@ -4,9 +4,11 @@
 //!   same run and the ratio to that floor, the GPU's name; with `--profile`, where a frame's time
 //!   goes phase by phase.
 //! - `--e2e`: whole sessions through the engine, as a server runs them: time to first audio,
-//!   real-time factor, and where each frame's time goes, per concurrency level.
+//!   real-time factor, and where each frame's time goes, per concurrency level; with `--joins`,
+//!   also the time to first audio of sessions that join while the level's sessions stream.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -45,6 +47,11 @@ pub struct BenchArgs {
     /// Waves of `concurrency` sessions per level; percentiles are over all their sessions.
     #[arg(long, default_value_t = 3)]
     waves: usize,
+    /// With --e2e, also open this many sessions one at a time while `concurrency` sessions
+    /// stream, at staggered moments, and report their time to first audio (a session joining
+    /// a busy engine).
+    #[arg(long, default_value_t = 0)]
+    joins: usize,
     #[arg(long, default_value = PEER_TEXT)]
     text: String,
     /// Preset speaker (CustomVoice); the first of the checkpoint's by default.
@@ -114,13 +121,21 @@ fn run_e2e(args: BenchArgs) -> Result<()> {
             .cloned()
             .context("the e2e benchmark needs a CustomVoice checkpoint (preset speakers)")?,
     };
+    // Sessions streaming while others join run up to the runaway guard, so that they outlast
+    // the joins.
+    let frames_cap = if args.joins > 0 {
+        session_frames.max(BACKGROUND_FRAMES)
+    } else {
+        session_frames
+    };
+    let slots = max_concurrency + usize::from(args.joins > 0);
     // Room for the prompt (instruct-free CustomVoice: ~10 rows + the text) and the frames.
-    let max_len = args.text.len() + session_frames + 64;
-    let frames = backends::frame_backend(args.backend, &model, max_concurrency, max_len)?;
-    let codec = backends::codec_backend(args.backend, &model, max_concurrency)?;
+    let max_len = args.text.len() + frames_cap + 64;
+    let frames = backends::frame_backend(args.backend, &model, slots, max_len)?;
+    let codec = backends::codec_backend(args.backend, &model, slots)?;
     let options = EngineOptions {
-        max_active: max_concurrency,
-        max_frames_cap: session_frames,
+        max_active: slots,
+        max_frames_cap: frames_cap,
         ..EngineOptions::default()
     };
     let engine = Engine::start(Arc::clone(&model), frames, codec, options)?;
@@ -136,6 +151,10 @@ fn run_e2e(args: BenchArgs) -> Result<()> {
         text_complete: true,
         max_frames: Some(session_frames),
         schedule: None,
+    };
+    let background = |seed: u64| SessionRequest {
+        max_frames: Some(frames_cap),
+        ..request(seed)
     };
     // Warm-up: kernel compilation or cache load, first-touch allocations.
     run_wave(&engine, &[request(0)])?;
@@ -164,8 +183,116 @@ fn run_e2e(args: BenchArgs) -> Result<()> {
                 &codec_backend
             )
         );
+        if args.joins > 0 {
+            let joins = run_joins(&engine, n, args.joins, &background, &request)?;
+            println!("{}", joins.json(n, &frame_backend));
+        }
     }
     Ok(())
+}
+
+/// Frames of the sessions that stream while others join: the runaway guard's limit for the
+/// benchmark's sentence, far longer than the joins take.
+const BACKGROUND_FRAMES: usize = 400;
+
+/// What the sessions that joined a busy engine saw.
+struct Joins {
+    /// Each joining session's time to first audio, ms.
+    ttfa_ms: Vec<f64>,
+    /// The fewest sessions that were streaming when one joined.
+    streaming_min: usize,
+}
+
+impl Joins {
+    fn json(mut self, concurrency: usize, frame_backend: &str) -> serde_json::Value {
+        self.ttfa_ms.sort_by(f64::total_cmp);
+        json!({
+            "bench": "e2e_join",
+            "concurrency": concurrency,
+            "joins": self.ttfa_ms.len(),
+            "streaming_min": self.streaming_min,
+            "time_to_first_audio_ms": {
+                "p50": percentile(&self.ttfa_ms, 0.5),
+                "p95": percentile(&self.ttfa_ms, 0.95),
+                "max": self.ttfa_ms.last().copied(),
+            },
+            "frame_backend": frame_backend,
+        })
+    }
+}
+
+/// Starts `concurrency` long sessions; once each has sent audio, opens `joins` sessions one at
+/// a time, a pseudo-random 0-50 ms apart (so that they arrive at every point of the engine's
+/// rounds), each cancelled after its first packet. The long sessions are cancelled at the end.
+fn run_joins(
+    engine: &Engine,
+    concurrency: usize,
+    joins: usize,
+    background: &dyn Fn(u64) -> SessionRequest,
+    joining: &dyn Fn(u64) -> SessionRequest,
+) -> Result<Joins> {
+    let sessions = (0..concurrency)
+        .map(|i| engine.open(background(10_000 + i as u64)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let handles: Vec<_> = sessions.iter().map(|s| s.handle.clone()).collect();
+    let (first_audio, first_audios) = std::sync::mpsc::channel();
+    let ended = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for mut session in sessions {
+            let first_audio = first_audio.clone();
+            let ended = &ended;
+            scope.spawn(move || {
+                let mut heard = false;
+                while let Some(event) = session.events.blocking_recv() {
+                    match event {
+                        SessionEvent::Audio(_) if !heard => {
+                            heard = true;
+                            let _ = first_audio.send(());
+                        }
+                        SessionEvent::Audio(_) => {}
+                        SessionEvent::Done(_) | SessionEvent::Error(_) => break,
+                    }
+                }
+                ended.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+        let result = (|| {
+            for _ in 0..concurrency {
+                first_audios
+                    .recv_timeout(Duration::from_secs(60))
+                    .context("a streaming session sent no audio within 60 s")?;
+            }
+            let mut joins_seen = Joins {
+                ttfa_ms: Vec::with_capacity(joins),
+                streaming_min: concurrency,
+            };
+            let mut state = 0x9e37_79b9_u32;
+            for j in 0..joins {
+                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                std::thread::sleep(Duration::from_micros(u64::from(state >> 8) % 50_000));
+                let streaming = concurrency - ended.load(Ordering::SeqCst);
+                joins_seen.streaming_min = joins_seen.streaming_min.min(streaming);
+                let mut session = engine.open(joining(20_000 + j as u64))?;
+                let usage = loop {
+                    match session.events.blocking_recv() {
+                        Some(SessionEvent::Audio(_)) => session.handle.cancel(),
+                        Some(SessionEvent::Done(usage)) => break usage,
+                        Some(SessionEvent::Error(e)) => bail!("a joining session failed: {e}"),
+                        None => bail!("a joining session ended without Done"),
+                    }
+                };
+                let ttfa = usage
+                    .time_to_first_audio_ms
+                    .context("a joining session ended without audio")?;
+                joins_seen.ttfa_ms.push(ttfa);
+            }
+            Ok(joins_seen)
+        })();
+        for handle in &handles {
+            handle.cancel();
+        }
+        result
+    })
 }
 
 /// Opens every request at once and waits for all to finish.

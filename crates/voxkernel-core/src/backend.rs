@@ -58,6 +58,12 @@ pub trait FrameBackend: Send {
     /// Advance every listed sequence by one frame. Events come back in the order of `slots`.
     /// A finished sequence keeps answering `Finished` until it is released.
     fn step(&mut self, slots: &[SlotId]) -> Result<Vec<FrameEvent>>;
+    /// The most sequences the device advances in one pass (a launch); a step of more runs
+    /// several passes one after the other. The engine steps a round in groups of this many,
+    /// so that a session arriving mid-round waits for one group, not for all of them.
+    fn step_width(&self) -> usize {
+        usize::MAX
+    }
     /// Append text-track ids to the slot's trailing ids (streaming text mode, text arriving
     /// while the sequence runs). Step `g` adds trailing id `g`, or `tts_pad` once they run out,
     /// so the caller must append id `g` before step `g` when it wants it used.

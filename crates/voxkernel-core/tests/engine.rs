@@ -1,12 +1,15 @@
 //! The streaming engine on the CPU backends with the tiny fixture checkpoints: sessions run
 //! alone and side by side give the same codes and PCM, sessions waiting together start in one
-//! backend call, the chunk schedule, streaming text, cancellation, the runaway guard, admission
-//! limits and request validation.
+//! backend call, a session joining mid-round sends its first packet before the rest of the
+//! round, the chunk schedule, streaming text, cancellation, the runaway guard, admission limits and
+//! request validation.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, mpsc};
 
-use voxkernel_core::backend::{Frame, FrameBackend, FrameEvent, SequenceSpec, SlotId};
+use voxkernel_core::backend::{
+    CodecBackend, CodecSlot, Frame, FrameBackend, FrameEvent, SequenceSpec, SlotId,
+};
 use voxkernel_core::engine::{
     self, ChunkSchedule, EndReason, Engine, EngineOptions, Model, OpenError, RunawayGuard, Session,
     SessionEvent, SessionRequest, SpeechRequest, Usage,
@@ -189,15 +192,34 @@ fn concurrent_sessions_equal_their_solo_runs() {
     assert_ne!(solo[0].codes[..5], solo[2].codes[..5]);
 }
 
-/// The CPU reference backend, recording how many specs each `start` call carried. While the
-/// test holds `hold`, `step` waits (after saying so on `stepping`), so that sessions opened
-/// meanwhile queue up; specs with the seed `refuse_seed` are refused.
+/// A backend call, as the recording backends saw it.
+#[derive(Debug, Clone, PartialEq)]
+enum Call {
+    /// `start` with this many specs; the slots of those it started.
+    Start {
+        specs: usize,
+        slots: Vec<SlotId>,
+    },
+    Step(Vec<SlotId>),
+    /// A codec call with this many streams.
+    Decode(usize),
+}
+
+type CallLog = Arc<Mutex<Vec<Call>>>;
+
+/// The CPU reference backend, recording its calls in `calls`. While the test holds `hold`,
+/// `step` waits (after saying so on `stepping`), so that sessions opened meanwhile queue up;
+/// so does the first step of exactly the slots `pause_at`, until `resume` says go on. Specs
+/// with the seed `refuse_seed` are refused; it says it steps `width` sequences at once.
 struct Recording {
     inner: ReferenceBackend,
-    starts: Arc<Mutex<Vec<usize>>>,
+    calls: CallLog,
     hold: Arc<Mutex<()>>,
     stepping: mpsc::Sender<()>,
+    pause_at: Vec<SlotId>,
+    resume: Option<mpsc::Receiver<()>>,
     refuse_seed: u64,
+    width: usize,
 }
 
 impl FrameBackend for Recording {
@@ -206,8 +228,7 @@ impl FrameBackend for Recording {
     }
 
     fn start(&mut self, specs: &[SequenceSpec]) -> Vec<anyhow::Result<SlotId>> {
-        self.starts.lock().unwrap().push(specs.len());
-        specs
+        let results: Vec<anyhow::Result<SlotId>> = specs
             .iter()
             .map(|spec| {
                 if spec.sampling.seed == self.refuse_seed {
@@ -218,13 +239,29 @@ impl FrameBackend for Recording {
                 }
                 self.inner.start_one(spec)
             })
-            .collect()
+            .collect();
+        let slots = results.iter().filter_map(|r| r.as_ref().ok()).copied();
+        self.calls.lock().unwrap().push(Call::Start {
+            specs: specs.len(),
+            slots: slots.collect(),
+        });
+        results
     }
 
     fn step(&mut self, slots: &[SlotId]) -> anyhow::Result<Vec<FrameEvent>> {
+        self.calls.lock().unwrap().push(Call::Step(slots.to_vec()));
         let _ = self.stepping.send(());
         drop(self.hold.lock().unwrap());
+        if slots == self.pause_at
+            && let Some(resume) = self.resume.take()
+        {
+            resume.recv().unwrap();
+        }
         self.inner.step(slots)
+    }
+
+    fn step_width(&self) -> usize {
+        self.width
     }
 
     fn append_trailing(&mut self, slot: SlotId, ids: &[u32]) -> anyhow::Result<()> {
@@ -236,49 +273,92 @@ impl FrameBackend for Recording {
     }
 }
 
-#[test]
-fn sessions_waiting_together_start_in_one_backend_call() {
-    let model = load("tiny-custom-voice");
-    let starts = Arc::new(Mutex::new(Vec::new()));
+/// The CPU reference codec, recording its decode calls in the same log.
+struct RecordingCodec {
+    inner: ReferenceCodec,
+    calls: CallLog,
+}
+
+impl CodecBackend for RecordingCodec {
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+
+    fn samples_per_frame(&self) -> usize {
+        self.inner.samples_per_frame()
+    }
+
+    fn open(&mut self) -> anyhow::Result<CodecSlot> {
+        self.inner.open()
+    }
+
+    fn decode(&mut self, batch: &[(CodecSlot, &[Frame])]) -> anyhow::Result<Vec<Vec<f32>>> {
+        self.calls.lock().unwrap().push(Call::Decode(batch.len()));
+        self.inner.decode(batch)
+    }
+
+    fn release(&mut self, slot: CodecSlot) {
+        self.inner.release(slot)
+    }
+}
+
+/// An engine on the recording backends, and what the test needs to steer them.
+struct Recorded {
+    engine: Engine,
+    calls: CallLog,
+    hold: Arc<Mutex<()>>,
+    stepped: mpsc::Receiver<()>,
+    resume: mpsc::Sender<()>,
+}
+
+fn recorded(
+    model: &Arc<Model>,
+    max_active: usize,
+    refuse_seed: u64,
+    width: usize,
+    pause_at: Vec<SlotId>,
+) -> Recorded {
+    let calls = CallLog::default();
     let hold = Arc::new(Mutex::new(()));
     let (stepping, stepped) = mpsc::channel();
+    let (resume, resumed) = mpsc::channel();
     let frames = Recording {
         inner: ReferenceBackend::new(&model.checkpoint).unwrap(),
-        starts: Arc::clone(&starts),
+        calls: Arc::clone(&calls),
         hold: Arc::clone(&hold),
         stepping,
-        refuse_seed: 99,
+        pause_at,
+        resume: Some(resumed),
+        refuse_seed,
+        width,
     };
     let decoder = Arc::new(CodecDecoder::from_checkpoint(&model.checkpoint).unwrap());
+    let codec = RecordingCodec {
+        inner: ReferenceCodec::new(decoder),
+        calls: Arc::clone(&calls),
+    };
     let options = EngineOptions {
-        max_active: 5,
+        max_active,
         ..EngineOptions::default()
     };
     let engine = Engine::start(
-        Arc::clone(&model),
+        Arc::clone(model),
         Box::new(frames),
-        Box::new(ReferenceCodec::new(decoder)),
+        Box::new(codec),
         options,
-    )
-    .unwrap();
+    );
+    Recorded {
+        engine: engine.unwrap(),
+        calls,
+        hold,
+        stepped,
+        resume,
+    }
+}
 
-    let held = hold.lock().unwrap();
-    let first = engine.open(request(&model, "First.", 1, 6)).unwrap();
-    // The engine thread is inside its first step: what is opened now waits for the next round.
-    stepped.recv().unwrap();
-    let texts = [
-        ("Good morning.", 2u64, 9usize),
-        ("How are you doing today?", 3, 7),
-        ("Refused.", 99, 5),
-        ("A somewhat longer sentence, to keep going.", 4, 8),
-    ];
-    let sessions: Vec<Session> = texts
-        .iter()
-        .map(|&(t, seed, n)| engine.open(request(&model, t, seed, n)).unwrap())
-        .collect();
-    drop(held);
-
-    let mut outcomes: Vec<Result<(Vec<Frame>, EndReason), String>> = std::thread::scope(|scope| {
+/// The codes of every session, or its error, collected side by side.
+fn codes_of(sessions: Vec<Session>) -> Vec<Result<(Vec<Frame>, EndReason), String>> {
+    std::thread::scope(|scope| {
         let handles: Vec<_> = sessions
             .into_iter()
             .map(|mut session| {
@@ -295,13 +375,43 @@ fn sessions_waiting_together_start_in_one_backend_call() {
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    })
+}
+
+#[test]
+fn sessions_waiting_together_start_in_one_backend_call() {
+    let model = load("tiny-custom-voice");
+    let run = recorded(&model, 5, 99, usize::MAX, Vec::new());
+
+    let held = run.hold.lock().unwrap();
+    let first = run.engine.open(request(&model, "First.", 1, 6)).unwrap();
+    // The engine thread is inside its first step: what is opened now waits for the next round.
+    run.stepped.recv().unwrap();
+    let texts = [
+        ("Good morning.", 2u64, 9usize),
+        ("How are you doing today?", 3, 7),
+        ("Refused.", 99, 5),
+        ("A somewhat longer sentence, to keep going.", 4, 8),
+    ];
+    let sessions: Vec<Session> = texts
+        .iter()
+        .map(|&(t, seed, n)| run.engine.open(request(&model, t, seed, n)).unwrap())
+        .collect();
+    drop(held);
+
+    let mut outcomes = codes_of(sessions);
     assert_eq!(
         collect(first).0.codes,
         generate_codes(&model, "First.", 1, 6)
     );
     // The four waiting sessions: one backend call, after the first session's own.
-    assert_eq!(*starts.lock().unwrap(), vec![1, 4]);
+    let starts: Vec<usize> = (run.calls.lock().unwrap().iter())
+        .filter_map(|c| match c {
+            Call::Start { specs, .. } => Some(*specs),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(starts, vec![1, 4]);
     let refused = outcomes.remove(2).unwrap_err();
     assert!(refused.contains("sampling.seed"), "{refused}");
     for (outcome, &(text, seed, n)) in outcomes.into_iter().zip(texts.iter().filter(|t| t.1 != 99))
@@ -310,7 +420,87 @@ fn sessions_waiting_together_start_in_one_backend_call() {
         assert_eq!(codes, generate_codes(&model, text, seed, n), "{text}");
         assert_eq!(end, EndReason::MaxFrames);
     }
-    wait_idle(&engine);
+    wait_idle(&run.engine);
+}
+
+#[test]
+fn a_session_joining_mid_round_sends_its_first_packet_before_the_rest_of_the_round() {
+    let model = load("tiny-custom-voice");
+    // Three busy sessions in groups of two: once all run, a round steps [a, b], then [c]. They
+    // take slots 0, 1 and 2 in arrival order, however their starts fall; the backend pauses in
+    // the first step of [a, b], where the joining session arrives.
+    let (a_b, c) = (vec![SlotId(0), SlotId(1)], vec![SlotId(2)]);
+    let run = recorded(&model, 4, u64::MAX, 2, a_b.clone());
+    let busy = [
+        ("First.", 1u64, 12usize),
+        ("Good morning.", 2, 11),
+        ("How are you?", 3, 10),
+    ];
+    let mut sessions: Vec<Session> = busy
+        .iter()
+        .map(|&(t, seed, n)| run.engine.open(request(&model, t, seed, n)).unwrap())
+        .collect();
+    let paused = || run.calls.lock().unwrap().last() == Some(&Call::Step(a_b.clone()));
+    while !paused() {
+        run.stepped.recv().unwrap();
+    }
+    let joining = ("Hello there.", 4u64, 5usize);
+    sessions.push(
+        run.engine
+            .open(request(&model, joining.0, joining.1, joining.2))
+            .unwrap(),
+    );
+    run.resume.send(()).unwrap();
+
+    let outcomes = codes_of(sessions);
+    for (outcome, &(text, seed, n)) in outcomes.iter().zip(busy.iter().chain([&joining])) {
+        let (codes, end) = outcome.as_ref().unwrap();
+        assert_eq!(*codes, generate_codes(&model, text, seed, n), "{text}");
+        assert_eq!(*end, EndReason::MaxFrames);
+    }
+    wait_idle(&run.engine);
+
+    let calls = run.calls.lock().unwrap().clone();
+    let paused_at = calls
+        .iter()
+        .position(|c| *c == Call::Step(a_b.clone()))
+        .unwrap();
+    let joined = vec![SlotId(3)];
+    let after: Vec<Call> = calls[paused_at + 1..].to_vec();
+    assert_eq!(
+        after[..3],
+        [
+            Call::Start {
+                specs: 1,
+                slots: joined.clone()
+            },
+            // its first frame alone
+            Call::Step(joined.clone()),
+            // its first packet (with any first packets of [a, b])
+            after[2].clone(),
+        ],
+        "{calls:?}"
+    );
+    assert!(matches!(after[2], Call::Decode(_)), "{calls:?}");
+    // then the rest of the round, and the next round, in groups of two
+    let steps: Vec<&Call> = (after[3..].iter())
+        .filter(|c| matches!(c, Call::Step(_)))
+        .take(3)
+        .collect();
+    let c_joined = Call::Step([c.clone(), joined].concat());
+    assert_eq!(
+        steps,
+        [&Call::Step(c), &Call::Step(a_b), &c_joined],
+        "{calls:?}"
+    );
+    for call in &calls {
+        if let Call::Step(slots) = call {
+            assert!(
+                slots.len() <= 2,
+                "a step wider than the backend's: {calls:?}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -1122,6 +1122,10 @@ impl FrameBackend for CudaBackend {
         results
     }
 
+    fn step_width(&self) -> usize {
+        self.widest_launch()
+    }
+
     /// Queues a launch per `widest_launch` unfinished sequences and reads all their codes
     /// once, so that the launches follow each other without a host round trip.
     fn step(&mut self, slots: &[SlotId]) -> Result<Vec<FrameEvent>> {

@@ -382,31 +382,33 @@ struct Worker {
 impl Worker {
     fn run(&mut self) {
         loop {
-            let command = if self.has_work() {
-                match self.commands.try_recv() {
-                    Ok(c) => Some(c),
-                    Err(mpsc::TryRecvError::Empty) => None,
-                    Err(mpsc::TryRecvError::Disconnected) => break,
-                }
-            } else {
+            if !self.has_work() {
                 match self.commands.recv() {
-                    Ok(c) => Some(c),
-                    Err(_) => break,
+                    Ok(Command::Shutdown) | Err(_) => break,
+                    Ok(command) => self.handle(command),
                 }
-            };
-            if let Some(command) = command {
-                if matches!(command, Command::Shutdown) {
-                    break;
-                }
-                self.handle(command);
-                self.publish_counts();
-                // Take every queued command before the next round.
-                continue;
             }
-            self.round();
+            // Every queued command before the next round.
+            if !self.take_commands() || !self.round() {
+                break;
+            }
         }
         for index in (0..self.sessions.len()).rev() {
             self.end(index, EndReason::Cancelled);
+        }
+    }
+
+    /// Handles every queued command without waiting; false once the engine must stop.
+    fn take_commands(&mut self) -> bool {
+        loop {
+            match self.commands.try_recv() {
+                Ok(Command::Shutdown) | Err(mpsc::TryRecvError::Disconnected) => return false,
+                Ok(command) => self.handle(command),
+                Err(mpsc::TryRecvError::Empty) => {
+                    self.publish_counts();
+                    return true;
+                }
+            }
         }
     }
 
@@ -501,13 +503,58 @@ impl Worker {
         self.remove(index);
     }
 
-    fn round(&mut self) {
+    /// One frame for every runnable session, then the codec and the packets. Sessions that
+    /// start during the round take their first frame, and send their first packet, ahead of
+    /// the others' frames; the others are stepped in groups of the backend's step width, with
+    /// the commands that arrived meanwhile taken between groups, so that a session joining a
+    /// busy engine waits for one group's frames, not for the whole round. False once the
+    /// engine must stop.
+    fn round(&mut self) -> bool {
         self.drop_abandoned();
-        self.admit();
-        self.step();
-        self.decode();
-        self.emit();
+        let width = self.frames.step_width().max(1);
+        let mut stepped = Vec::new();
+        loop {
+            let joined = self.join(&stepped);
+            stepped.extend(joined);
+            let group: Vec<u64> = (self.sessions.iter())
+                .filter(|s| s.runnable() && !stepped.contains(&s.id))
+                .take(width)
+                .map(|s| s.id)
+                .collect();
+            if group.is_empty() {
+                break;
+            }
+            stepped.extend(self.step(|live| group.contains(&live.id)));
+            if !self.take_commands() {
+                return false;
+            }
+        }
+        self.decode(|_| true);
+        self.emit(|_| true);
         self.publish_counts();
+        true
+    }
+
+    /// Starts the sessions that can start. Where others are running, the newcomers' first
+    /// frames are stepped, decoded and sent at once, with the first packets of sessions stepped
+    /// earlier in the round (`stepped`). Returns the ids of the sessions stepped.
+    fn join(&mut self, stepped: &[u64]) -> Vec<u64> {
+        let joined = self.admit();
+        let others_runnable =
+            (self.sessions.iter()).any(|s| s.runnable() && !joined.contains(&s.id));
+        if joined.is_empty() || !others_runnable {
+            return Vec::new();
+        }
+        let stepped_now = self.step(|live| joined.contains(&live.id));
+        // (not every session: one that ended earlier in the round is ended by `emit` only
+        // after its last frames are decoded, and the later packets can wait for the round's
+        // end)
+        let first_packets = |live: &Live| {
+            joined.contains(&live.id) || (live.chunks_out == 0 && stepped.contains(&live.id))
+        };
+        self.decode(first_packets);
+        self.emit(first_packets);
+        stepped_now
     }
 
     /// A session whose events receiver is gone (the client left) is cancelled.
@@ -522,8 +569,8 @@ impl Worker {
 
     /// Starts the waiting sessions whose text allows it, in arrival order, while slots are
     /// free: one backend call for all of them, so their prefills run together. A session that
-    /// cannot start fails alone.
-    fn admit(&mut self) {
+    /// cannot start fails alone. Returns the ids of the sessions started.
+    fn admit(&mut self) -> Vec<u64> {
         let free = self.options.max_active.saturating_sub(self.active());
         let mut ids = Vec::new();
         let mut specs = Vec::new();
@@ -554,7 +601,7 @@ impl Worker {
             }
         }
         if specs.is_empty() {
-            return;
+            return Vec::new();
         }
         let started = Instant::now();
         let mut results = self.frames.start(&specs).into_iter();
@@ -579,6 +626,7 @@ impl Worker {
             s.prefill_time += elapsed;
             s.sessions_total += count;
         });
+        let mut joined = Vec::with_capacity(specs.len());
         for ((id, spec), result) in ids.into_iter().zip(&specs).zip(opened) {
             let Some(index) = self.find(id) else {
                 if let Ok((slot, codec_slot)) = result {
@@ -593,10 +641,12 @@ impl Worker {
                     live.slot = Some(slots);
                     live.trailing_known = spec.plan.trailing.len();
                     live.started = Some(started);
+                    joined.push(id);
                 }
                 Err(e) => self.fail(index, e),
             }
         }
+        joined
     }
 
     /// A codec stream for a new session. An in-context voice's audio continues its reference:
@@ -614,14 +664,16 @@ impl Worker {
         Ok(slot)
     }
 
-    /// One frame for every runnable session, in one backend call.
-    fn step(&mut self) {
+    /// One frame for every runnable session that `include` picks, in one backend call.
+    /// Returns the ids of the sessions stepped.
+    fn step(&mut self, include: impl Fn(&Live) -> bool) -> Vec<u64> {
         let runnable: Vec<usize> = (0..self.sessions.len())
-            .filter(|&i| self.sessions[i].runnable())
+            .filter(|&i| self.sessions[i].runnable() && include(&self.sessions[i]))
             .collect();
         if runnable.is_empty() {
-            return;
+            return Vec::new();
         }
+        let ids = runnable.iter().map(|&i| self.sessions[i].id).collect();
         let slots: Vec<SlotId> = runnable
             .iter()
             .filter_map(|&i| self.sessions[i].slot.map(|(s, _)| s))
@@ -635,7 +687,7 @@ impl Worker {
                 for &i in runnable.iter().rev() {
                     self.fail(i, anyhow!("frame backend: {e:#}"));
                 }
-                return;
+                return ids;
             }
         };
         let mut new_frames = 0;
@@ -663,13 +715,15 @@ impl Worker {
             s.frame_time += elapsed;
             s.frames_total += new_frames;
         });
+        ids
     }
 
-    /// Decodes, in one codec call, the frames of every session whose next packet they complete.
-    fn decode(&mut self) {
+    /// Decodes, in one codec call, the frames of every session that `include` picks whose next
+    /// packet they complete.
+    fn decode(&mut self, include: impl Fn(&Live) -> bool) {
         let spf = self.codec.samples_per_frame();
         let with_frames: Vec<usize> = (0..self.sessions.len())
-            .filter(|&i| self.sessions[i].decode_due(spf))
+            .filter(|&i| self.sessions[i].decode_due(spf) && include(&self.sessions[i]))
             .collect();
         if with_frames.is_empty() {
             return;
@@ -701,10 +755,14 @@ impl Worker {
         }
     }
 
-    /// Sends every packet the schedule allows, and ends finished sessions.
-    fn emit(&mut self) {
+    /// Sends every packet the schedule allows, and ends finished sessions, of the sessions
+    /// `include` picks.
+    fn emit(&mut self, include: impl Fn(&Live) -> bool) {
         let spf = self.codec.samples_per_frame();
         for index in (0..self.sessions.len()).rev() {
+            if !include(&self.sessions[index]) {
+                continue;
+            }
             let live = &mut self.sessions[index];
             loop {
                 let frames = live.schedule.frames(live.chunks_out);

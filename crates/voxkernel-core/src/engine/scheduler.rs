@@ -505,10 +505,10 @@ impl Worker {
 
     /// One frame for every runnable session, then the codec and the packets. Sessions that
     /// start during the round take their first frame, and send their first packet, ahead of
-    /// the others' frames; the others are stepped in groups of the backend's step width, with
-    /// the commands that arrived meanwhile taken between groups, so that a session joining a
-    /// busy engine waits for one group's frames, not for the whole round. False once the
-    /// engine must stop.
+    /// the others' frames; the others are stepped, then decoded and sent, in groups of the
+    /// backend's step width, with the commands that arrived meanwhile taken between groups, so
+    /// that a session joining a busy engine waits for one group's frames or codec call, not for
+    /// the whole round. False once the engine must stop.
     fn round(&mut self) -> bool {
         self.drop_abandoned();
         let width = self.frames.step_width().max(1);
@@ -516,11 +516,7 @@ impl Worker {
         loop {
             let joined = self.join(&stepped);
             stepped.extend(joined);
-            let group: Vec<u64> = (self.sessions.iter())
-                .filter(|s| s.runnable() && !stepped.contains(&s.id))
-                .take(width)
-                .map(|s| s.id)
-                .collect();
+            let group = self.group(width, |s| s.runnable() && !stepped.contains(&s.id));
             if group.is_empty() {
                 break;
             }
@@ -529,10 +525,33 @@ impl Worker {
                 return false;
             }
         }
-        self.decode(|_| true);
+        let spf = self.codec.samples_per_frame();
+        loop {
+            let group = self.group(width, |s| s.decode_due(spf));
+            if group.is_empty() {
+                break;
+            }
+            self.decode(|live| group.contains(&live.id));
+            self.emit(|live| group.contains(&live.id));
+            if !self.take_commands() {
+                return false;
+            }
+            let joined = self.join(&stepped);
+            stepped.extend(joined);
+        }
+        // (sessions that ended with nothing left to decode)
         self.emit(|_| true);
         self.publish_counts();
         true
+    }
+
+    /// The ids of the first `width` sessions, in arrival order, that `pick` picks.
+    fn group(&self, width: usize, pick: impl Fn(&Live) -> bool) -> Vec<u64> {
+        (self.sessions.iter())
+            .filter(|s| pick(s))
+            .take(width)
+            .map(|s| s.id)
+            .collect()
     }
 
     /// Starts the sessions that can start. Where others are running, the newcomers' first

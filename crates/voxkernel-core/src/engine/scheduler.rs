@@ -512,16 +512,14 @@ impl Worker {
     fn round(&mut self) -> bool {
         self.drop_abandoned();
         let width = self.frames.step_width().max(1);
-        let mut stepped = Vec::new();
+        let mut stepped = self.join(&[]);
         loop {
-            let joined = self.join(&stepped);
-            stepped.extend(joined);
             let group = self.group(width, |s| s.runnable() && !stepped.contains(&s.id));
             if group.is_empty() {
                 break;
             }
             stepped.extend(self.step(|live| group.contains(&live.id)));
-            if !self.take_commands() {
+            if !self.between_groups(&mut stepped) {
                 return false;
             }
         }
@@ -533,15 +531,24 @@ impl Worker {
             }
             self.decode(|live| group.contains(&live.id));
             self.emit(|live| group.contains(&live.id));
-            if !self.take_commands() {
+            if !self.between_groups(&mut stepped) {
                 return false;
             }
-            let joined = self.join(&stepped);
-            stepped.extend(joined);
         }
         // (sessions that ended with nothing left to decode)
         self.emit(|_| true);
         self.publish_counts();
+        true
+    }
+
+    /// Takes the commands that arrived during a group and starts the newcomers (`join`),
+    /// adding those it stepped to `stepped`; false once the engine must stop.
+    fn between_groups(&mut self, stepped: &mut Vec<u64>) -> bool {
+        if !self.take_commands() {
+            return false;
+        }
+        let joined = self.join(stepped);
+        stepped.extend(joined);
         true
     }
 

@@ -1,6 +1,8 @@
 //! Codec decoder benchmark and full-size check:
 //! `codec_bench --model DIR [--calls N] [--warmup N] [--batches 1,4,16] [--graphs 1,0]
-//! [--skinny-rows 64] [--check-frames N]`.
+//! [--skinny-rows 64] [--batch-invariant 1,0] [--plan-frames 1,8] [--pipelined 1,0]
+//! [--frames-per-call 1,8]
+//! [--check-frames N]`.
 //! DIR is a checkpoint (its `speech_tokenizer/` is used) or a speech tokenizer directory.
 //!
 //! Prints JSON lines: per batch size, the host-side time of `decode` calls of one frame per
@@ -29,7 +31,9 @@ struct Args {
     graphs: Vec<bool>,
     skinny_rows: Vec<usize>,
     batch_invariant: Vec<bool>,
-    frames_per_call: usize,
+    plan_frames: Vec<usize>,
+    pipelined: Vec<bool>,
+    frames_per_call: Vec<usize>,
     check_frames: usize,
 }
 
@@ -42,7 +46,9 @@ fn parse_args() -> Result<Args> {
         graphs: vec![true, false],
         skinny_rows: vec![CudaCodecOptions::default().skinny_rows],
         batch_invariant: vec![CudaCodecOptions::default().batch_invariant],
-        frames_per_call: 1,
+        plan_frames: vec![CudaCodecOptions::default().plan_frames],
+        pipelined: vec![CudaCodecOptions::default().pipelined],
+        frames_per_call: vec![1],
         check_frames: 20,
     };
     let mut it = std::env::args().skip(1);
@@ -52,42 +58,29 @@ fn parse_args() -> Result<Args> {
             "--model" => args.model = PathBuf::from(value()?),
             "--calls" => args.calls = value()?.parse()?,
             "--warmup" => args.warmup = value()?.parse()?,
-            "--batches" => {
-                args.batches = value()?
-                    .split(',')
-                    .map(str::parse)
-                    .collect::<Result<_, _>>()?
-            }
-            "--graphs" => {
-                args.graphs = value()?
-                    .split(',')
-                    .map(|v| v.parse::<u8>().map(|v| v != 0))
-                    .collect::<Result<_, _>>()?
-            }
-            "--skinny-rows" => {
-                args.skinny_rows = value()?
-                    .split(',')
-                    .map(str::parse)
-                    .collect::<Result<_, _>>()?
-            }
-            "--batch-invariant" => {
-                args.batch_invariant = value()?
-                    .split(',')
-                    .map(|v| v.parse::<u8>().map(|v| v != 0))
-                    .collect::<Result<_, _>>()?
-            }
-            "--frames-per-call" => args.frames_per_call = value()?.parse()?,
+            "--batches" => args.batches = list(&value()?)?,
+            "--graphs" => args.graphs = flags(&value()?)?,
+            "--skinny-rows" => args.skinny_rows = list(&value()?)?,
+            "--batch-invariant" => args.batch_invariant = flags(&value()?)?,
+            "--pipelined" => args.pipelined = flags(&value()?)?,
+            "--frames-per-call" => args.frames_per_call = list(&value()?)?,
+            "--plan-frames" => args.plan_frames = list(&value()?)?,
             "--check-frames" => args.check_frames = value()?.parse()?,
             other => bail!(
                 "unknown flag {other}; valid: --model, --calls, --warmup, --batches, --graphs, \
-                 --skinny-rows, --batch-invariant, --frames-per-call, --check-frames"
+                 --skinny-rows, --batch-invariant, --plan-frames, --pipelined, --frames-per-call, \
+                 --check-frames"
             ),
         }
     }
     if args.model.as_os_str().is_empty() {
         bail!("--model DIR is required");
     }
-    if args.calls == 0 || args.frames_per_call == 0 || args.batches.contains(&0) {
+    if args.calls == 0
+        || [&args.frames_per_call, &args.plan_frames, &args.batches]
+            .iter()
+            .any(|l| l.contains(&0))
+    {
         bail!("--calls and every --batches entry must be at least 1");
     }
     Ok(args)
@@ -149,21 +142,32 @@ fn main() -> Result<()> {
     for &graphs in &args.graphs {
         for &rows in &args.skinny_rows {
             for &invariant in &args.batch_invariant {
-                modes.push((graphs, rows, invariant));
+                for &plan_frames in &args.plan_frames {
+                    for &pipelined in &args.pipelined {
+                        modes.push((graphs, rows, invariant, plan_frames, pipelined));
+                    }
+                }
             }
         }
     }
-    for (mode, (graphs, skinny_rows, batch_invariant)) in modes.into_iter().enumerate() {
+    let max_per_call = args.frames_per_call.iter().copied().max().unwrap_or(1);
+    for (mode, (graphs, skinny_rows, batch_invariant, plan_frames, pipelined)) in
+        modes.into_iter().enumerate()
+    {
         let options = CudaCodecOptions {
             max_streams: max_batch,
-            max_pass_frames: (max_batch * args.frames_per_call).max(args.check_frames.min(32)),
+            max_pass_frames: (max_batch * max_per_call).max(args.check_frames.min(32)),
             graphs,
             skinny_rows,
             batch_invariant,
+            plan_frames,
+            pipelined,
         };
         let mut codec = CudaCodec::new(&config, &file, options)?;
-        for &batch in &args.batches {
-            bench(&mut codec, &args, batch, &options, size)?;
+        for &per_call in &args.frames_per_call {
+            for &batch in &args.batches {
+                bench(&mut codec, &args, batch, per_call, &options, size)?;
+            }
         }
         if mode == 0 && args.check_frames > 0 {
             check(
@@ -178,16 +182,29 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// Times `decode` calls of one frame for each of `batch` streams.
+/// A comma-separated list of 0/1 switches.
+fn flags(value: &str) -> Result<Vec<bool>> {
+    Ok(value
+        .split(',')
+        .map(|v| v.parse::<u8>().map(|v| v != 0))
+        .collect::<Result<_, _>>()?)
+}
+
+/// A comma-separated list of counts.
+fn list(value: &str) -> Result<Vec<usize>> {
+    Ok(value.split(',').map(str::parse).collect::<Result<_, _>>()?)
+}
+
+/// Times `decode` calls of `per_call` frames for each of `batch` streams.
 fn bench(
     codec: &mut CudaCodec,
     args: &Args,
     batch: usize,
+    per_call: usize,
     options: &CudaCodecOptions,
     size: usize,
 ) -> Result<()> {
     let (graphs, skinny_rows) = (options.graphs, options.skinny_rows);
-    let per_call = args.frames_per_call;
     let gpu = codec.device_name().to_string();
     let audio_ms = codec.samples_per_frame() as f64 / 24.0;
     let slots: Vec<CodecSlot> = (0..batch).map(|_| codec.open()).collect::<Result<_>>()?;
@@ -228,6 +245,8 @@ fn bench(
             "graphs": graphs,
             "skinny_rows": skinny_rows,
             "batch_invariant": options.batch_invariant,
+            "plan_frames": options.plan_frames,
+            "pipelined": options.pipelined,
             "frames_per_stream_per_call": per_call,
             "calls": times.len(),
             "ms_p50": p50,

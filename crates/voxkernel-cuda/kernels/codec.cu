@@ -466,6 +466,152 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
   conv_gemm<64, true>(p, b);
 }
 
+// The tiled GEMM for products whose input is read as stored (no norm or activation on load)
+// and whose rows and columns can be copied 16 bytes at a time (cin a multiple of BK, so a depth
+// chunk never straddles two taps, and n a multiple of 4): 128 x 64 tiles, each thread 8 rows
+// (ty + 16 i) x 4 columns, both operands copied into shared memory by cp.async PIPE_STAGES - 1
+// chunks ahead of the one being multiplied. conv_gemm stages one chunk at a time through
+// registers, with two barriers per chunk, and measured bound by that staging, not by its
+// multiply-adds (docs/codec.md). Every output is still one multiply-add chain over its depth
+// in order from zero, and the splits are added as conv_gemm adds them, so for the same splits
+// the result is conv_gemm's bit for bit (tests/codec.rs compares the two).
+#define PIPE_BM 128
+#define PIPE_STAGES 3
+#define PIPE_AK (BK + 4)  // A rows padded: 16-byte aligned, a warp's two rows in other banks
+
+__device__ __forceinline__ u32 smem_addr(const void* ptr) {
+  u32 a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(ptr));
+  return a;
+}
+
+// 16 bytes from global to shared memory, or 16 zero bytes where !valid (src is not read).
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+
+// One depth step of a row's 4 sums, in conv_gemm's form (each a fused multiply-add).
+__device__ __forceinline__ void fma_row(float (&acc)[4], float a, float4 w) {
+  acc[0] += a * w.x;
+  acc[1] += a * w.y;
+  acc[2] += a * w.z;
+  acc[3] += a * w.w;
+}
+
+template <bool FOLD>
+__device__ __forceinline__ void conv_gemm_pipe(const Gemm& p, const Batch& b) {
+  constexpr int TM = 8;
+  __shared__ __align__(16) float as[PIPE_STAGES][PIPE_BM][PIPE_AK];
+  __shared__ __align__(16) float bs[PIPE_STAGES][BK][BN];
+  __shared__ i64 a_row[PIPE_BM];
+  __shared__ float a_rms[PIPE_BM];  // unused: no norm on load
+  __shared__ int last_split;
+
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const int n0 = blockIdx.x * BN, m0 = blockIdx.y * PIPE_BM;
+  const int k_begin = FOLD ? 0 : blockIdx.z * p.k_split;
+  const int k_end = FOLD ? p.k : min(p.k, k_begin + p.k_split);
+
+  tile_rows<PIPE_BM>(p, b, m0, a_row, a_rms);
+
+  // Chunk k0 into stage s: each thread copies a quarter row of A for two rows and a float4 of B.
+  // Every call commits a group, empty past the end, so the waits below count the same.
+  auto issue = [&](int k0, int s) {
+    if (k0 < k_end) {
+      const int tap = k0 / p.cin, ch = k0 - tap * p.cin + (tid % 4) * 4;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int r = tid / 4 + 64 * j;
+        const i64 row = a_row[r];
+        const float* src = row >= 0 ? p.in + (row + (i64)tap * p.dilation) * p.cin + ch : p.in;
+        cp_async16(smem_addr(&as[s][r][(tid % 4) * 4]), src, row >= 0);
+      }
+      const int kr = tid / 16, c = n0 + tx * 4;
+      const bool ok = c < p.n;
+      cp_async16(smem_addr(&bs[s][kr][tx * 4]), ok ? p.w + (i64)(k0 + kr) * p.n + c : p.w, ok);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+
+  float acc[TM][4], total[TM][4];  // FOLD: the current split's sums, and the earlier splits'
+#pragma unroll
+  for (int i = 0; i < TM; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] = total[i][j] = 0.0f;
+  int split_left = p.k_split;
+
+#pragma unroll
+  for (int s = 0; s < PIPE_STAGES - 1; ++s) issue(k_begin + s * BK, s);
+  int stage = 0;
+  for (int k0 = k_begin; k0 < k_end; k0 += BK) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(PIPE_STAGES - 2) : "memory");
+    // Chunk k0 has landed for every thread, and every thread is done with the stage refilled next.
+    __syncthreads();
+    issue(k0 + (PIPE_STAGES - 1) * BK, stage == 0 ? PIPE_STAGES - 1 : stage - 1);
+#pragma unroll
+    for (int k4 = 0; k4 < BK; k4 += 4) {
+      const float4 w0 = *reinterpret_cast<const float4*>(&bs[stage][k4][tx * 4]);
+      const float4 w1 = *reinterpret_cast<const float4*>(&bs[stage][k4 + 1][tx * 4]);
+      const float4 w2 = *reinterpret_cast<const float4*>(&bs[stage][k4 + 2][tx * 4]);
+      const float4 w3 = *reinterpret_cast<const float4*>(&bs[stage][k4 + 3][tx * 4]);
+#pragma unroll
+      for (int i = 0; i < TM; ++i) {
+        const float4 a = *reinterpret_cast<const float4*>(&as[stage][ty + 16 * i][k4]);
+        fma_row(acc[i], a.x, w0);
+        fma_row(acc[i], a.y, w1);
+        fma_row(acc[i], a.z, w2);
+        fma_row(acc[i], a.w, w3);
+      }
+    }
+    if constexpr (FOLD) {
+      split_left -= BK;
+      if (split_left == 0 || k0 + BK >= k_end) {
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            total[i][j] += acc[i][j];
+            acc[i][j] = 0.0f;
+          }
+        split_left = p.k_split;
+      }
+    }
+    stage = stage == PIPE_STAGES - 1 ? 0 : stage + 1;
+  }
+
+  if constexpr (FOLD) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] = total[i][j];
+  } else if (gridDim.z > 1 && !last_of_splits<TM * 4>(p, &acc[0][0], &last_split)) {
+    return;
+  }
+
+#pragma unroll
+  for (int i = 0; i < TM; ++i) {
+    const OutRow row = out_row(p, b, m0 + ty + 16 * i);
+    if (row.e < 0) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int c = n0 + tx * 4 + j;
+      if (c >= p.n) break;
+      store(p, row, c, acc[i][j], j % 2 == 0 ? acc[i][j + 1] : 0.0f, residual(p, row, c));
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+    conv_gemm_pipe_128(const Gemm p, const Batch b) {
+  conv_gemm_pipe<false>(p, b);
+}
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+    conv_gemm_pipe_fold_128(const Gemm p, const Batch b) {
+  conv_gemm_pipe<true>(p, b);
+}
+
 // The same GEMM for few rows (the transformer at small batches), where the tiled kernel's tile
 // is mostly empty rows. A block owns MT rows x 32 columns over a depth range (the depth split
 // across gridDim.z blocks as in the tiled kernel): the rows' inputs are staged in shared memory

@@ -81,16 +81,29 @@ pub struct CudaCodecOptions {
     /// Replay each pass shape (frames, streams) as a CUDA graph captured on first use, instead
     /// of issuing its launches one by one.
     pub graphs: bool,
-    /// Matrix products over at most this many rows (frames x rows per frame) use the few-rows
-    /// kernel (weights streamed straight from memory); larger ones the tiled kernel. The
-    /// default, 4, is where it measured faster on an H200: one stream's transformer, upsample
-    /// stages, `decoder.0` and first transposed conv.
+    /// Matrix products planned over at most this many rows (frames x rows per frame) use the
+    /// few-rows kernel (weights streamed straight from memory); larger ones the tiled kernels.
+    /// The default, 4, is where it measured faster on an H200 for one frame of one stream (its
+    /// transformer, upsample stages, `decoder.0` and first transposed conv). With the default
+    /// `plan_frames` every full-size product is planned over 8 rows or more, so the few-rows
+    /// kernel serves one-frame plans (`plan_frames: 1`, or passes of one frame when
+    /// `batch_invariant` is off).
     pub skinny_rows: usize,
-    /// Fix each matrix product's kernel and depth split from its one-frame shape, so a stream's
-    /// sums are added in the same order whatever shares its passes: its samples are then bit
-    /// for bit those of its solo decode (with the same calls). Off, the plan follows each pass's
-    /// row count, and a stream beside others can land a rounding step away from its solo run.
+    /// Fix each matrix product's kernel and depth split from one shape (`plan_frames`), so a
+    /// stream's sums are added in the same order whatever shares its passes: its samples are
+    /// then bit for bit those of its solo decode (with the same calls). Off, the plan follows
+    /// each pass's row count, and a stream beside others can land a rounding step away from its
+    /// solo run.
     pub batch_invariant: bool,
+    /// Batch-invariant plans are made for a pass of this many frames of one stream. One frame
+    /// suits a stream's first packet best; more suits the many-frame passes that follow
+    /// (fewer, deeper depth splits, and the tiled kernels where one frame alone would take the
+    /// few-rows one). The default, 8, trades a slower first packet for faster steady streaming
+    /// (measured on an H100 in docs/codec.md, "Plans for eight frames, session 24").
+    pub plan_frames: usize,
+    /// Let products that allow it (input read as stored, widths multiples of 16 and 4) use the
+    /// pipelined tiled kernel, which gives the same sums bit for bit; off only to compare.
+    pub pipelined: bool,
 }
 
 impl Default for CudaCodecOptions {
@@ -101,6 +114,8 @@ impl Default for CudaCodecOptions {
             graphs: true,
             skinny_rows: 4,
             batch_invariant: true,
+            plan_frames: 8,
+            pipelined: true,
         }
     }
 }
@@ -1000,18 +1015,25 @@ impl Planner<'_> {
     }
 }
 
-/// The tiled GEMM kernels `conv_gemm_{16,32,64,128}` (and the folded `conv_gemm_fold_64`)
-/// and how to shape a launch of them; the voice encoders (`crate::encoder`) use them too.
+/// The tiled GEMM kernels `conv_gemm_{16,32,64,128}` (and the folded `conv_gemm_fold_64`),
+/// the pipelined `conv_gemm_pipe_128` (and `conv_gemm_pipe_fold_128`), and how to shape a
+/// launch of them; the voice encoders (`crate::encoder`) use them too.
 pub(crate) struct TiledGemm {
     /// Tile height, function, blocks resident per SM.
     kernels: Vec<(usize, CudaFunction, usize)>,
     /// `conv_gemm_fold_64` and its blocks resident per SM.
     folded: (CudaFunction, usize),
+    /// `conv_gemm_pipe_128` and `conv_gemm_pipe_fold_128`, each with its blocks resident per SM.
+    piped: [(CudaFunction, usize); 2],
     sms: usize,
 }
 
 /// The folded kernel's tile height.
 const FOLD_BM: usize = 64;
+/// The pipelined kernels' tile height (`PIPE_BM`).
+const PIPE_BM: usize = 128;
+/// The cost model's price of a multiply-add in each kernel, relative to `conv_gemm_128`.
+const PIPE_PER_MAC: f64 = 0.5;
 
 impl TiledGemm {
     pub(crate) fn load(module: &Arc<CudaModule>, sms: usize) -> Result<Self> {
@@ -1027,17 +1049,33 @@ impl TiledGemm {
                 .map(|bm| load(format!("conv_gemm_{bm}")).map(|(f, r)| (bm, f, r)))
                 .collect::<Result<_>>()?,
             folded: load(format!("conv_gemm_fold_{FOLD_BM}"))?,
+            piped: [
+                load(format!("conv_gemm_pipe_{PIPE_BM}"))?,
+                load(format!("conv_gemm_pipe_fold_{PIPE_BM}"))?,
+            ],
             sms,
         })
     }
 
-    /// Tile height, depth splits and depth per split: the cheapest under a rough cost model,
-    /// where blocks run in waves of what fits on the GPU at once, and a block costs its
-    /// multiply-adds (dearer per multiply-add in short tiles, which reload more operands), a
-    /// fixed start-up, and when the depth is split, writing and re-reading its partial tile.
-    pub(crate) fn plan(&self, m: usize, n: usize, k: usize) -> GemmKernel {
-        let mut best = (f64::INFINITY, 16, 1, k.next_multiple_of(GEMM_BK));
-        for &(bm, _, resident) in &self.kernels {
+    /// The kernels a plan may pick: every `conv_gemm_{bm}`, and `conv_gemm_pipe_128` where the
+    /// product allows it (`pipe`: its input read as stored, `cin` a multiple of 16 and `n` of 4).
+    /// Tile height, blocks resident per SM, pipelined.
+    fn candidates(&self, pipe: bool) -> impl Iterator<Item = (usize, usize, bool)> + '_ {
+        let piped = pipe.then_some((PIPE_BM, self.piped[0].1, true));
+        self.kernels
+            .iter()
+            .map(|&(bm, _, resident)| (bm, resident, false))
+            .chain(piped)
+    }
+
+    /// Kernel, tile height, depth splits and depth per split: the cheapest under a rough cost
+    /// model, where blocks run in waves of what fits on the GPU at once, and a block costs its
+    /// multiply-adds (dearer per multiply-add in short tiles, which reload more operands, and
+    /// cheaper in the pipelined kernel), a fixed start-up, and when the depth is split, writing
+    /// and re-reading its partial tile.
+    pub(crate) fn plan(&self, m: usize, n: usize, k: usize, pipe: bool) -> GemmKernel {
+        let mut best = (f64::INFINITY, 16, false, 1, k.next_multiple_of(GEMM_BK));
+        for (bm, resident, piped) in self.candidates(pipe) {
             let tiles = m.div_ceil(bm) * n.div_ceil(GEMM_BN);
             for wanted in 1..=(k / MIN_SPLIT_DEPTH).clamp(1, MAX_SPLITS) {
                 let k_split = k.div_ceil(wanted).next_multiple_of(GEMM_BK);
@@ -1047,50 +1085,62 @@ impl TiledGemm {
                 if splits > 1 && !room {
                     break;
                 }
-                let cost = self.cost(bm, resident, m, n, k_split, splits);
+                let cost = self.cost(bm, resident, piped, m, n, k_split, splits);
                 if cost < best.0 {
-                    best = (cost, bm, splits, k_split);
+                    best = (cost, bm, piped, splits, k_split);
                 }
             }
         }
         GemmKernel::Tiled {
             bm: best.1,
-            splits: best.2,
-            k_split: best.3,
+            pipe: best.2,
+            splits: best.3,
+            k_split: best.4,
             fold: false,
         }
     }
 
     /// A launch that keeps a given depth split (batch-invariant plans fix the split): folded
-    /// when its 64-row tiles alone make one and a half waves of blocks or more, else split
-    /// across blocks at the cheapest tile height. Measured on an H100 (docs/codec.md): folding
-    /// took 8-31% off every product of the codec whose folded grid had 768 tiles or more; with
-    /// fewer tiles the split launch's many blocks keep more SMs busy, and folding cost up to
-    /// 3.4x (256 rows). One frame's products (60 tiles at most) stay split on any Hopper GPU.
+    /// when its tiles alone make one and a half waves of blocks or more (128-row pipelined
+    /// tiles where `pipe` allows, else 64-row ones), else split across blocks at the cheapest
+    /// kernel. Measured on an H100 (docs/codec.md): folding took 8-31% off every product of the
+    /// codec whose folded grid had 768 tiles or more; with fewer tiles the split launch's many
+    /// blocks keep more SMs busy, and folding cost up to 3.4x (256 rows).
     pub(crate) fn keep_split(
         &self,
         m: usize,
         n: usize,
         k_split: usize,
         splits: usize,
+        pipe: bool,
     ) -> GemmKernel {
-        let tiles = m.div_ceil(FOLD_BM) * n.div_ceil(GEMM_BN);
-        if splits > 1 && 2 * tiles >= 3 * self.folded.1 * self.sms {
-            return GemmKernel::Tiled {
-                bm: FOLD_BM,
-                splits,
-                k_split,
-                fold: true,
-            };
+        let waves = |bm: usize, resident: usize| {
+            2 * m.div_ceil(bm) * n.div_ceil(GEMM_BN) >= 3 * resident * self.sms
+        };
+        let folded = |bm, pipe| GemmKernel::Tiled {
+            bm,
+            pipe,
+            splits,
+            k_split,
+            fold: true,
+        };
+        if splits > 1 && pipe && waves(PIPE_BM, self.piped[1].1) {
+            return folded(PIPE_BM, true);
         }
-        let bm = self
-            .kernels
-            .iter()
-            .map(|&(bm, _, resident)| (self.cost(bm, resident, m, n, k_split, splits), bm))
+        if splits > 1 && waves(FOLD_BM, self.folded.1) {
+            return folded(FOLD_BM, false);
+        }
+        let (bm, pipe) = self
+            .candidates(pipe)
+            .map(|(bm, resident, piped)| {
+                let cost = self.cost(bm, resident, piped, m, n, k_split, splits);
+                (cost, bm, piped)
+            })
             .min_by(|a, b| a.0.total_cmp(&b.0))
-            .map_or(16, |(_, bm)| bm);
+            .map_or((16, false), |(_, bm, piped)| (bm, piped));
         GemmKernel::Tiled {
             bm,
+            pipe,
             splits,
             k_split,
             fold: false,
@@ -1098,10 +1148,12 @@ impl TiledGemm {
     }
 
     /// The cost model of [`Self::plan`] for one shape.
+    #[allow(clippy::too_many_arguments)]
     fn cost(
         &self,
         bm: usize,
         resident: usize,
+        pipe: bool,
         m: usize,
         n: usize,
         k_split: usize,
@@ -1110,6 +1162,7 @@ impl TiledGemm {
         let tiles = m.div_ceil(bm) * n.div_ceil(GEMM_BN);
         let slots = (resident * self.sms).max(1);
         let per_mac = match bm {
+            _ if pipe => PIPE_PER_MAC,
             128 => 1.0,
             64 => 1.2,
             32 => 1.5,
@@ -1121,22 +1174,35 @@ impl TiledGemm {
         waves * (bm * GEMM_BN) as f64 * depth
     }
 
-    /// `conv_gemm_{bm}` (or `conv_gemm_fold_{bm}`) and its grid for `m x n` outputs in
-    /// `splits` depth parts (one block per tile when folded).
+    /// The function of a tiled plan and its grid for `m x n` outputs (one block per tile when
+    /// folded, else one per tile and depth split).
     pub(crate) fn function(
         &self,
-        bm: usize,
-        fold: bool,
+        plan: GemmKernel,
         m: usize,
         n: usize,
-        splits: usize,
     ) -> Option<(&CudaFunction, (usize, usize, usize))> {
+        let GemmKernel::Tiled {
+            bm,
+            pipe,
+            splits,
+            fold,
+            ..
+        } = plan
+        else {
+            return None;
+        };
         let grid = |z| (n.div_ceil(GEMM_BN), m.div_ceil(bm), z);
-        if fold {
-            return (bm == FOLD_BM).then_some((&self.folded.0, grid(1)));
+        match (pipe, fold) {
+            (true, _) if bm != PIPE_BM => None,
+            (true, false) => Some((&self.piped[0].0, grid(splits))),
+            (true, true) => Some((&self.piped[1].0, grid(1))),
+            (false, true) => (bm == FOLD_BM).then_some((&self.folded.0, grid(1))),
+            (false, false) => {
+                let (_, f, _) = self.kernels.iter().find(|(height, ..)| *height == bm)?;
+                Some((f, grid(splits)))
+            }
         }
-        let (_, f, _) = self.kernels.iter().find(|(height, ..)| *height == bm)?;
-        Some((f, grid(splits)))
     }
 }
 
@@ -1161,10 +1227,12 @@ pub(crate) enum GemmKernel {
         splits: usize,
         k_split: usize,
     },
-    /// `conv_gemm_{bm}`: `bm` x 64 tiles, the depth split in `splits` parts of `k_split`;
-    /// with `fold`, `conv_gemm_fold_{bm}`: each block adds up every split itself.
+    /// `conv_gemm_{bm}` (with `pipe`, `conv_gemm_pipe_{bm}`): `bm` x 64 tiles, the depth split
+    /// in `splits` parts of `k_split`; with `fold`, `conv_gemm_fold_{bm}` (or
+    /// `conv_gemm_pipe_fold_{bm}`): each block adds up every split itself.
     Tiled {
         bm: usize,
+        pipe: bool,
         splits: usize,
         k_split: usize,
         fold: bool,
@@ -1293,6 +1361,7 @@ impl CudaCodec {
             options.max_pass_frames > 0,
             "max_pass_frames must be at least 1"
         );
+        ensure!(options.plan_frames > 0, "plan_frames must be at least 1");
         let dims = Dims::new(config)?;
         let ctx = runtime::open_device()?;
         // Its own stream, so decoding can overlap the frame kernel on the default stream.
@@ -1488,7 +1557,7 @@ impl CudaCodec {
     /// [`TiledGemm::plan`] shapes it. One frame has a handful of rows against megabytes of
     /// weights: short tiles, deep splits so every SM streams weights. Sixteen streams have
     /// thousands of rows: tall tiles, few splits.
-    fn gemm_plan(&self, m: usize, n: usize, k: usize) -> GemmKernel {
+    fn gemm_plan(&self, m: usize, n: usize, k: usize, pipe: bool) -> GemmKernel {
         if m <= self.options.skinny_rows {
             // Enough depth splits to fill the GPU once, each streaming at least
             // SKINNY_MIN_SPLIT_DEPTH weight rows, within the split scratch.
@@ -1513,18 +1582,25 @@ impl CudaCodec {
                 k_split,
             };
         }
-        self.kernels.gemm.plan(m, n, k)
+        self.kernels.gemm.plan(m, n, k, pipe)
     }
 
     /// The launch shape of `g` over `m` rows. Batch-invariant: the kernel and the depth split
-    /// come from one frame's rows, and only the tile height follows `m` (each kernel adds a
-    /// row's products in an order that does not depend on its tile height).
+    /// come from the rows of `plan_frames` frames, and only the tile height (and whether the
+    /// splits are folded into one block) follows `m`: each kernel adds a row's products in an
+    /// order that depends on neither.
     fn op_plan(&self, g: &GemmOp, m: usize) -> GemmKernel {
         let k = g.taps * g.input.width;
+        // The pipelined kernel copies its operands as stored, 16 bytes at a time, one tap per
+        // depth chunk.
+        let pipe = self.options.pipelined
+            && matches!(g.act, Act::None)
+            && g.input.width.is_multiple_of(GEMM_BK)
+            && g.n.is_multiple_of(4);
         if !self.options.batch_invariant {
-            return self.gemm_plan(m, g.n, k);
+            return self.gemm_plan(m, g.n, k, pipe);
         }
-        match self.gemm_plan(g.input.rate, g.n, k) {
+        match self.gemm_plan(g.input.rate * self.options.plan_frames, g.n, k, pipe) {
             GemmKernel::Skinny {
                 splits, k_split, ..
             } => GemmKernel::Skinny {
@@ -1534,7 +1610,7 @@ impl CudaCodec {
             },
             GemmKernel::Tiled {
                 splits, k_split, ..
-            } => self.kernels.gemm.keep_split(m, g.n, k_split, splits),
+            } => self.kernels.gemm.keep_split(m, g.n, k_split, splits, pipe),
         }
     }
 
@@ -1557,7 +1633,7 @@ impl CudaCodec {
         }
     }
 
-    /// Batch-invariant plans keep one frame's depth splits on passes of many rows, which can
+    /// Batch-invariant plans keep `plan_frames` frames' depth splits on passes of any size, which can
     /// need more split scratch than the fixed minimum: grow it to the largest pass's needs.
     fn size_split_scratch(&mut self) -> Result<()> {
         let (mut floats, mut counters) = (SPLIT_WORKSPACE_FLOATS, SPLIT_COUNTERS);
@@ -1763,9 +1839,7 @@ impl CudaCodec {
                 let grid = (g.n.div_ceil(SKINNY_COLS), m.div_ceil(rows), splits);
                 (f.map(|(_, f, _)| f), grid)
             }
-            GemmKernel::Tiled {
-                bm, splits, fold, ..
-            } => match self.kernels.gemm.function(bm, fold, m, g.n, splits) {
+            GemmKernel::Tiled { .. } => match self.kernels.gemm.function(plan, m, g.n) {
                 Some((f, grid)) => (Some(f), grid),
                 None => (None, (0, 0, 0)),
             },
@@ -1815,9 +1889,14 @@ impl CudaCodec {
                         format!("skinny={rows} splits={splits}")
                     }
                     GemmKernel::Tiled {
-                        bm, splits, fold, ..
+                        bm,
+                        pipe,
+                        splits,
+                        fold,
+                        ..
                     } => format!(
-                        "tile={bm} splits={splits}{}",
+                        "tile={bm}{} splits={splits}{}",
+                        if pipe { " pipelined" } else { "" },
                         if fold { " folded" } else { "" }
                     ),
                 };

@@ -367,25 +367,19 @@ impl Gpu {
     }
 
     fn gemm(&self, g: &GemmCall) -> Result<()> {
-        self.launch_gemm(g, self.kernels.gemm.plan(g.m, g.n, g.taps * g.cin))
+        self.launch_gemm(g, self.kernels.gemm.plan(g.m, g.n, g.taps * g.cin, false))
     }
 
     /// `g` as `plan` shapes it (a tiled plan).
     fn launch_gemm(&self, g: &GemmCall, plan: GemmKernel) -> Result<()> {
         let k = g.taps * g.cin;
-        let GemmKernel::Tiled {
-            bm,
-            splits,
-            k_split,
-            fold,
-        } = plan
-        else {
+        let GemmKernel::Tiled { bm, k_split, .. } = plan else {
             bail!("internal: the encoders use the tiled GEMM only");
         };
         let (function, grid) = self
             .kernels
             .gemm
-            .function(bm, fold, g.m, g.n, splits)
+            .function(plan, g.m, g.n)
             .context("internal: no GEMM kernel for the plan")?;
         ensure!(
             grid.1 <= MAX_GRID_Y,
@@ -592,18 +586,28 @@ mod tests {
         assert_eq!(std::mem::size_of::<RvqEncodeParams>(), 4 * 8 + 5 * 4 + 4);
     }
 
-    /// The folded GEMM (`conv_gemm_fold_64`, which the codec runs on passes of many rows) adds a
-    /// depth split's sums in the split launch's order, so both give the same bits; and both are
-    /// the product an f64 loop on the host computes, to f32 accuracy. Rows, columns and depth
-    /// are not multiples of the tile (1,000 x 200, depth 3 taps x 100 in splits of 64, the last
-    /// one short), and the taps are 2 rows apart.
+    /// The folded GEMM (`conv_gemm_fold_64`, which the codec runs on passes of many rows) and
+    /// the pipelined ones (`conv_gemm_pipe_128`, split and folded) add a depth split's sums in
+    /// the split launch's order, so all give the same bits; and all are the product an f64 loop
+    /// on the host computes, to f32 accuracy. Rows, columns and depth are not multiples of the
+    /// tile (1,000 x 200, depth 3 taps x 100 or 96 in splits of 64, the last one short), and the
+    /// taps are 2 rows apart. The pipelined kernels need the input width to be a multiple of 16.
     #[test]
     #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
-    fn folded_depth_splits_equal_the_split_launch_bit_for_bit() {
+    fn folded_and_pipelined_depth_splits_equal_the_split_launch_bit_for_bit() {
         assert!(runtime::driver_available(), "this test needs a CUDA driver");
         let gpu = Gpu::new().unwrap();
-        let (m, cin, taps, dilation, n, k_split): (usize, usize, usize, usize, usize, usize) =
-            (1000, 100, 3, 2, 200, 64);
+        let tiled = |bm, pipe, fold| (bm, pipe, fold);
+        let plain = [tiled(64, false, false), tiled(64, false, true)];
+        let piped = [tiled(128, true, false), tiled(128, true, true)];
+        for (cin, plans) in [(100, plain.to_vec()), (96, [plain, piped].concat())] {
+            same_bits_as_the_split_launch(&gpu, cin, &plans);
+        }
+    }
+
+    fn same_bits_as_the_split_launch(gpu: &Gpu, cin: usize, plans: &[(usize, bool, bool)]) {
+        let (m, taps, dilation, n, k_split): (usize, usize, usize, usize, usize) =
+            (1000, 3, 2, 200, 64);
         let k = taps * cin;
         let splits = k.div_ceil(k_split);
         let mut state = 11u64;
@@ -620,7 +624,7 @@ mod tests {
         let input_dev = gpu.stream.clone_htod(&input).unwrap();
         let w_dev = gpu.stream.clone_htod(&w).unwrap();
         let mut results = Vec::new();
-        for fold in [false, true] {
+        for &(bm, pipe, fold) in plans {
             let out = gpu.stream.alloc_zeros::<f32>(m * n).unwrap();
             let call = GemmCall {
                 taps,
@@ -635,7 +639,8 @@ mod tests {
                 )
             };
             let plan = GemmKernel::Tiled {
-                bm: 64,
+                bm,
+                pipe,
                 splits,
                 k_split,
                 fold,
@@ -643,13 +648,20 @@ mod tests {
             gpu.launch_gemm(&call, plan).unwrap();
             results.push(gpu.stream.clone_dtoh(&out).unwrap());
         }
-        let (split, folded) = (&results[0], &results[1]);
-        let differing = split
-            .iter()
-            .zip(folded)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
-        assert_eq!(differing, 0, "{differing} of {} outputs differ", m * n);
+        let split = &results[0];
+        for (other, plan) in results.iter().zip(plans).skip(1) {
+            let differing = split
+                .iter()
+                .zip(other)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(
+                differing,
+                0,
+                "cin {cin}, (bm, pipe, fold) {plan:?}: {differing} of {} outputs differ",
+                m * n
+            );
+        }
         let (mut worst, mut scale) = (0f64, 0f64);
         for g in 0..m {
             for c in 0..n {
@@ -665,7 +677,7 @@ mod tests {
             }
         }
         let err = worst / scale;
-        println!("{splits} splits of {k_split}: rel err {err:.2e} against f64");
+        println!("cin {cin}, {splits} splits of {k_split}: rel err {err:.2e} against f64");
         // f32 sums over a depth of 300 land within a few 1e-7 of the largest output; a tap or a
         // split dropped or counted twice is off by a whole term (~1e-2 and more).
         assert!(err <= 1e-5, "rel err {err:.2e}");

@@ -318,6 +318,57 @@ __device__ __forceinline__ float load_a(const Gemm& p, const i64* a_row, const f
   }
 }
 
+// The tiled kernels' per-thread sums: TM rows x 4 columns, and for a folded launch the sums of
+// the splits already walked.
+template <int TM>
+struct TileSums {
+  float acc[TM][4], total[TM][4];
+  __device__ void zero() {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] = total[i][j] = 0.0f;
+  }
+  // A folded launch at the end of a split: its sums join the earlier splits' (from zero, in
+  // split order, as last_of_splits adds them) and restart from zero.
+  __device__ void end_split() {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        total[i][j] += acc[i][j];
+        acc[i][j] = 0.0f;
+      }
+  }
+  // Once the depth is walked: the tile's sums in `acc`. A folded launch takes its total; in a
+  // split launch the last block of the tile to arrive adds the splits and the others return
+  // false. Every thread of the block must call it.
+  template <bool FOLD>
+  __device__ bool finish(const Gemm& p, int* last_split) {
+    if constexpr (FOLD) {
+#pragma unroll
+      for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = total[i][j];
+      return true;
+    }
+    return gridDim.z == 1 || last_of_splits<TM * 4>(p, &acc[0][0], last_split);
+  }
+};
+
+// GEMM row g's 4 adjacent outputs from column c0 on, through the epilogue.
+__device__ __forceinline__ void store_row4(const Gemm& p, const Batch& b, int g, int c0,
+                                           const float (&acc)[4]) {
+  const OutRow row = out_row(p, b, g);
+  if (row.e < 0) return;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int c = c0 + j;
+    if (c >= p.n) break;
+    store(p, row, c, acc[j], j % 2 == 0 ? acc[j + 1] : 0.0f, residual(p, row, c));
+  }
+}
+
 template <int BM, bool FOLD>
 __device__ __forceinline__ void conv_gemm(const Gemm& p, const Batch& b) {
   constexpr int TM = BM / 16;
@@ -365,12 +416,10 @@ __device__ __forceinline__ void conv_gemm(const Gemm& p, const Batch& b) {
     *reinterpret_cast<float4*>(&bs[buf][tid / 16][(tid % 16) * 4]) = rb;
   };
 
-  float acc[TM][4], total[TM][4];  // FOLD: the current split's sums, and the earlier splits'
-#pragma unroll
-  for (int i = 0; i < TM; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) acc[i][j] = total[i][j] = 0.0f;
-  int split_left = p.k_split;
+  TileSums<TM> sums;
+  sums.zero();
+  auto& acc = sums.acc;
+  int split_left = p.k_split;  // FOLD: depth left in the current split
 
   if (k_begin < k_end) {
     load(k_begin);
@@ -405,14 +454,7 @@ __device__ __forceinline__ void conv_gemm(const Gemm& p, const Batch& b) {
     if constexpr (FOLD) {
       split_left -= BK;
       if (split_left == 0 || !more) {
-        // last_of_splits' sum: from zero, the splits in order
-#pragma unroll
-        for (int i = 0; i < TM; ++i)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            total[i][j] += acc[i][j];
-            acc[i][j] = 0.0f;
-          }
+        sums.end_split();
         split_left = p.k_split;
       }
     }
@@ -421,28 +463,12 @@ __device__ __forceinline__ void conv_gemm(const Gemm& p, const Batch& b) {
     buf ^= 1;
   }
 
-  if constexpr (FOLD) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) acc[i][j] = total[i][j];
-  } else if (gridDim.z > 1 && !last_of_splits<TM * 4>(p, &acc[0][0], &last_split)) {
-    return;
-  }
+  if (!sums.template finish<FOLD>(p, &last_split)) return;
 
   // Row by row: gathering every row's residuals before the first store measured no faster here
   // and its registers cost a resident block per SM.
 #pragma unroll
-  for (int i = 0; i < TM; ++i) {
-    const OutRow row = out_row(p, b, m0 + ty * TM + i);
-    if (row.e < 0) continue;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int c = n0 + tx * 4 + j;
-      if (c >= p.n) break;
-      store(p, row, c, acc[i][j], j % 2 == 0 ? acc[i][j + 1] : 0.0f, residual(p, row, c));
-    }
-  }
+  for (int i = 0; i < TM; ++i) store_row4(p, b, m0 + ty * TM + i, n0 + tx * 4, acc[i]);
 }
 
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
@@ -478,19 +504,6 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
 #define PIPE_BM 128
 #define PIPE_STAGES 3
 #define PIPE_AK (BK + 4)  // A rows padded: 16-byte aligned, a warp's two rows in other banks
-
-__device__ __forceinline__ u32 smem_addr(const void* ptr) {
-  u32 a;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(ptr));
-  return a;
-}
-
-// 16 bytes from global to shared memory, or 16 zero bytes where !valid (src is not read).
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
 
 // One depth step of a row's 4 sums, in conv_gemm's form (each a fused multiply-add).
 __device__ __forceinline__ void fma_row(float (&acc)[4], float a, float4 w) {
@@ -532,15 +545,13 @@ __device__ __forceinline__ void conv_gemm_pipe(const Gemm& p, const Batch& b) {
       const bool ok = c < p.n;
       cp_async16(smem_addr(&bs[s][kr][tx * 4]), ok ? p.w + (i64)(k0 + kr) * p.n + c : p.w, ok);
     }
-    asm volatile("cp.async.commit_group;" ::: "memory");
+    cp_async_commit();
   };
 
-  float acc[TM][4], total[TM][4];  // FOLD: the current split's sums, and the earlier splits'
-#pragma unroll
-  for (int i = 0; i < TM; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) acc[i][j] = total[i][j] = 0.0f;
-  int split_left = p.k_split;
+  TileSums<TM> sums;
+  sums.zero();
+  auto& acc = sums.acc;
+  int split_left = p.k_split;  // FOLD: depth left in the current split
 
 #pragma unroll
   for (int s = 0; s < PIPE_STAGES - 1; ++s) issue(k_begin + s * BK, s);
@@ -568,39 +579,17 @@ __device__ __forceinline__ void conv_gemm_pipe(const Gemm& p, const Batch& b) {
     if constexpr (FOLD) {
       split_left -= BK;
       if (split_left == 0 || k0 + BK >= k_end) {
-#pragma unroll
-        for (int i = 0; i < TM; ++i)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            total[i][j] += acc[i][j];
-            acc[i][j] = 0.0f;
-          }
+        sums.end_split();
         split_left = p.k_split;
       }
     }
     stage = stage == PIPE_STAGES - 1 ? 0 : stage + 1;
   }
 
-  if constexpr (FOLD) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) acc[i][j] = total[i][j];
-  } else if (gridDim.z > 1 && !last_of_splits<TM * 4>(p, &acc[0][0], &last_split)) {
-    return;
-  }
+  if (!sums.template finish<FOLD>(p, &last_split)) return;
 
 #pragma unroll
-  for (int i = 0; i < TM; ++i) {
-    const OutRow row = out_row(p, b, m0 + ty + 16 * i);
-    if (row.e < 0) continue;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int c = n0 + tx * 4 + j;
-      if (c >= p.n) break;
-      store(p, row, c, acc[i][j], j % 2 == 0 ? acc[i][j + 1] : 0.0f, residual(p, row, c));
-    }
-  }
+  for (int i = 0; i < TM; ++i) store_row4(p, b, m0 + ty + 16 * i, n0 + tx * 4, acc[i]);
 }
 
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS)

@@ -116,20 +116,6 @@ struct Gemm {
 
 static_assert(sizeof(Gemm) == 56, "Gemm layout changed: update src/layout.rs");
 
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-  u32 a;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-  return a;
-}
-
-// 16 bytes global -> shared, zero-filled when `valid` is false (nothing is read then).
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-
 __device__ __forceinline__ void cp_async_wait_pending() {
   asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 2));
 }

@@ -29,13 +29,17 @@ pub const SOLO_FRAME_SOURCE: &str =
 /// The streaming codec decoder's kernels (`CudaCodec`) and the voice encoders'
 /// (`CudaVoiceEncoder`, which reuse the decoder's GEMM), compiled and cached as one module.
 pub const CODEC_SOURCE: &str = concat!(
+    include_str!("../kernels/async_copy.cuh"),
     include_str!("../kernels/codec.cu"),
     include_str!("../kernels/encoder.cu")
 );
 
 /// The batched prefill's kernels (tensor-core products and the row kernels between them),
 /// compiled and cached on their own.
-pub const PREFILL_SOURCE: &str = include_str!("../kernels/prefill.cu");
+pub const PREFILL_SOURCE: &str = concat!(
+    include_str!("../kernels/async_copy.cuh"),
+    include_str!("../kernels/prefill.cu")
+);
 
 /// Environment variable naming a prebuilt CUBIN (for example from `nvcc -cubin -arch=sm_90a`)
 /// to load instead of compiling `FRAME_SOURCE`. Without `SOLO_CUBIN_ENV` it serves launches of

@@ -500,7 +500,8 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
 // registers, with two barriers per chunk, and measured bound by that staging, not by its
 // multiply-adds (docs/codec.md). Every output is still one multiply-add chain over its depth
 // in order from zero, and the splits are added as conv_gemm adds them, so for the same splits
-// the result is conv_gemm's bit for bit (tests/codec.rs compares the two).
+// the result is conv_gemm's bit for bit (a GPU unit test in src/encoder/mod.rs compares them).
+// The host only plans it where k and every split's depth are multiples of BK (no partial chunk).
 #define PIPE_BM 128
 #define PIPE_STAGES 3
 #define PIPE_AK (BK + 4)  // A rows padded: 16-byte aligned, a warp's two rows in other banks
@@ -558,7 +559,7 @@ __device__ __forceinline__ void conv_gemm_pipe(const Gemm& p, const Batch& b) {
   int stage = 0;
   for (int k0 = k_begin; k0 < k_end; k0 += BK) {
     asm volatile("cp.async.wait_group %0;" ::"n"(PIPE_STAGES - 2) : "memory");
-    // Chunk k0 has landed for every thread, and every thread is done with the stage refilled next.
+    // Chunk k0 has landed for every thread, and all are done with the stage refilled next.
     __syncthreads();
     issue(k0 + (PIPE_STAGES - 1) * BK, stage == 0 ? PIPE_STAGES - 1 : stage - 1);
 #pragma unroll

@@ -1032,7 +1032,9 @@ pub(crate) struct TiledGemm {
 const FOLD_BM: usize = 64;
 /// The pipelined kernels' tile height (`PIPE_BM`).
 const PIPE_BM: usize = 128;
-/// The cost model's price of a multiply-add in each kernel, relative to `conv_gemm_128`.
+/// The cost model's price of a multiply-add in the pipelined kernel, relative to
+/// `conv_gemm_128`'s 1.0: on the codec's convs it measured 20-32 TFLOP/s where the older tiled
+/// kernels reached 12-20 (docs/codec.md, session 24).
 const PIPE_PER_MAC: f64 = 0.5;
 
 impl TiledGemm {
@@ -1103,9 +1105,10 @@ impl TiledGemm {
     /// A launch that keeps a given depth split (batch-invariant plans fix the split): folded
     /// when its tiles alone make one and a half waves of blocks or more (128-row pipelined
     /// tiles where `pipe` allows, else 64-row ones), else split across blocks at the cheapest
-    /// kernel. Measured on an H100 (docs/codec.md): folding took 8-31% off every product of the
-    /// codec whose folded grid had 768 tiles or more; with fewer tiles the split launch's many
-    /// blocks keep more SMs busy, and folding cost up to 3.4x (256 rows).
+    /// kernel. Measured on an H100 for the 64-row tiles (docs/codec.md): folding took 8-31% off
+    /// every product of the codec whose folded grid had 768 tiles or more; with fewer tiles the
+    /// split launch's many blocks keep more SMs busy, and folding cost up to 3.4x (256 rows).
+    /// The pipelined tiles follow the same rule, not measured on its own.
     pub(crate) fn keep_split(
         &self,
         m: usize,
@@ -1585,10 +1588,10 @@ impl CudaCodec {
         self.kernels.gemm.plan(m, n, k, pipe)
     }
 
-    /// The launch shape of `g` over `m` rows. Batch-invariant: the kernel and the depth split
-    /// come from the rows of `plan_frames` frames, and only the tile height (and whether the
-    /// splits are folded into one block) follows `m`: each kernel adds a row's products in an
-    /// order that depends on neither.
+    /// The launch shape of `g` over `m` rows. Batch-invariant: the kind of kernel (few-rows or
+    /// tiled) and the depth split come from the rows of `plan_frames` frames, and only the tiled
+    /// kernel itself (its tile height, pipelined or not, folded or not) follows `m`: all of them
+    /// add a row's products in the same order.
     fn op_plan(&self, g: &GemmOp, m: usize) -> GemmKernel {
         let k = g.taps * g.input.width;
         // The pipelined kernel copies its operands as stored, 16 bytes at a time, one tap per
@@ -1633,8 +1636,8 @@ impl CudaCodec {
         }
     }
 
-    /// Batch-invariant plans keep `plan_frames` frames' depth splits on passes of any size, which can
-    /// need more split scratch than the fixed minimum: grow it to the largest pass's needs.
+    /// Batch-invariant plans keep `plan_frames` frames' depth splits on passes of any size, which
+    /// can need more split scratch than the fixed minimum: grow it to the largest pass's needs.
     fn size_split_scratch(&mut self) -> Result<()> {
         let (mut floats, mut counters) = (SPLIT_WORKSPACE_FLOATS, SPLIT_COUNTERS);
         for op in &self.ops {

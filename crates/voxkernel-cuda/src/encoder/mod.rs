@@ -597,9 +597,9 @@ mod tests {
     fn folded_and_pipelined_depth_splits_equal_the_split_launch_bit_for_bit() {
         assert!(runtime::driver_available(), "this test needs a CUDA driver");
         let gpu = Gpu::new().unwrap();
-        let tiled = |bm, pipe, fold| (bm, pipe, fold);
-        let plain = [tiled(64, false, false), tiled(64, false, true)];
-        let piped = [tiled(128, true, false), tiled(128, true, true)];
+        // (tile height, pipelined, folded); the first is the reference.
+        let plain = [(64, false, false), (64, false, true)];
+        let piped = [(128, true, false), (128, true, true)];
         for (cin, plans) in [(100, plain.to_vec()), (96, [plain, piped].concat())] {
             same_bits_as_the_split_launch(&gpu, cin, &plans);
         }

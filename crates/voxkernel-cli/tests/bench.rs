@@ -2,6 +2,8 @@
 //! CustomVoice checkpoint: every level prints its sessions' line, then the line of the sessions
 //! that joined while the level's sessions streamed (no timing is asserted: it is a benchmark).
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -20,12 +22,7 @@ fn e2e_with_joins_reports_every_joining_session_beside_the_streaming_ones() {
         .args(["--joins", "3"])
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let stdout = common::stdout_of_success(&output);
     let lines: Vec<Value> = (stdout.lines())
         .filter(|l| l.starts_with('{'))
         .map(|l| serde_json::from_str(l).unwrap())

@@ -3,6 +3,8 @@
 //! in-flight streams before exiting, and the official `openai` Python package streams speech
 //! from it.
 
+mod common;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -396,12 +398,7 @@ async fn the_openai_python_package_streams_speech() {
     })
     .await
     .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let stdout = common::stdout_of_success(&output);
     let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     // Ten frames of 1920 samples each way.
     assert_eq!(report["pcm_bytes"], 10 * 1920 * 2);

@@ -1035,8 +1035,8 @@ const PIPE_BM: usize = 128;
 /// The cost model's price of a multiply-add in the pipelined kernel, relative to
 /// `conv_gemm_128`'s 1.0. Set before measuring, not tuned: with it the plans give the
 /// pipelined kernel the deep convs of passes of 8 frames or more (14-21 of a pass's 71
-/// products, measured from 8 to 128 frames; none in one stream's one-frame pass), which ran at 20-32 TFLOP/s where the older
-/// tiled kernels reached 12-20 (docs/codec.md, session 24).
+/// products, measured from 8 to 128 frames; none in one stream's one-frame pass), which ran
+/// at 20-32 TFLOP/s where the older tiled kernels reached 12-20 (docs/codec.md, session 24).
 const PIPE_PER_MAC: f64 = 0.5;
 
 impl TiledGemm {

@@ -256,8 +256,18 @@ __device__ __forceinline__ void publish(u64* p, float v, u32 tag) {
 
 __device__ __forceinline__ float word_value(u64 w) { return __uint_as_float((u32)w); }
 
-// Words a thread loads before it waits on the first.
-#define COLLECT_DEPTH 8
+// Two adjacent words in one 16-byte load (each single-copy atomic on its own).
+__device__ __forceinline__ ulonglong2 ld_word_pair(const u64* p) {
+  ulonglong2 v;
+  asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];"
+               : "=l"(v.x), "=l"(v.y)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+// Word pairs a thread loads before it waits on the first.
+#define COLLECT_PAIRS 4
 // A thread's elements of a row as wide as the widest hidden (2,048): its norm weights, or a row
 // read from global memory (row_elements).
 #define NORM_REGS 4
@@ -287,23 +297,38 @@ __device__ __forceinline__ int plane_index(int i, int n) {
   return ((i >> 2) & 1) * (n >> 1) + ((i >> 3) << 2) + (i & 3);
 }
 
+// A thread's j-th element (j < NORM_REGS) of a row collect() filled: the pairs it polled, so
+// that it can use them before the block synchronises.
+__device__ __forceinline__ int pair_element(int j) {
+  return 2 * (tid() + (j >> 1) * THREADS) + (j & 1);
+}
+
 // out[i] = the value of src[i] for i < n (with PLANES, out[plane_index(i, n)]), once each
-// carries `tag` (the block's threads share the words; the caller synchronises the block before
-// reading `out`).
+// carries `tag`. A thread takes word pairs (pair_element): all its loads go out before it waits
+// on the first, and a pair still stale once the pair before it has landed costs one more round
+// trip, so two words per load halve the round trips after the last producer's words land
+// (docs/kernel-notes.md, "Version 1.14"). n is even and src 16-byte aligned (the host checks the
+// model's widths). The block's threads share the words; the caller synchronises the block
+// before reading `out`.
 template <bool PLANES = false>
 __device__ void collect(const u64* src, int n, u32 tag, float* out) {
-  for (int base = tid(); base < n; base += THREADS * COLLECT_DEPTH) {
+  const int pairs = n >> 1;
+  for (int base = tid(); base < pairs; base += THREADS * COLLECT_PAIRS) {
     // (every element set: a conditionally set one would count as live from the kernel's entry)
-    u64 w[COLLECT_DEPTH];
+    ulonglong2 w[COLLECT_PAIRS];
 #pragma unroll
-    for (int j = 0; j < COLLECT_DEPTH; j++)
-      w[j] = base + j * THREADS < n ? ld_word(src + base + j * THREADS) : 0ull;
+    for (int j = 0; j < COLLECT_PAIRS; j++)
+      w[j] = base + j * THREADS < pairs ? ld_word_pair(src + 2 * (base + j * THREADS))
+                                        : make_ulonglong2(0ull, 0ull);
 #pragma unroll
-    for (int j = 0; j < COLLECT_DEPTH; j++) {
+    for (int j = 0; j < COLLECT_PAIRS; j++) {
       const int i = base + j * THREADS;
-      if (i >= n) continue;
-      while ((u32)(w[j] >> 32) != tag) w[j] = ld_word(src + i);
-      out[PLANES ? plane_index(i, n) : i] = word_value(w[j]);
+      if (i >= pairs) continue;
+      while ((u32)(w[j].x >> 32) != tag || (u32)(w[j].y >> 32) != tag)
+        w[j] = ld_word_pair(src + 2 * i);
+      // (plane_index keeps an even element's successor next to it)
+      *reinterpret_cast<float2*>(out + (PLANES ? plane_index(2 * i, n) : 2 * i)) =
+          make_float2(word_value(w[j].x), word_value(w[j].y));
     }
   }
 }
@@ -393,8 +418,8 @@ __device__ __forceinline__ void inputs_arrived(const Params& p) {
 }
 
 // x of every sequence (its first n elements) into out ([nb][n], shared memory; with PLANES as
-// a matvec input, plane_index); a thread's elements are i = tid + j * THREADS (collect's), and
-// the caller synchronises the block.
+// a matvec input, plane_index); from words, a thread's elements are pair_element's (collect's),
+// and the caller synchronises the block.
 template <bool PLANES = false>
 __device__ void collect_x_rows(const Params& p, int in, int nb, int n, float* out) {
   const int H = p.talker.hidden;
@@ -437,20 +462,25 @@ __device__ void collect_x(const Params& p, int in, int nb, int n, float* xs) {
 // x of every sequence into xr ([nb][n]) and rmsnorm(x) * w into xs (as matvec inputs, in
 // planes; every block that needs the norm computes it: cheaper than an exchange). The weights
 // are loaded before the words are awaited, and each thread squares and scales the elements it
-// collected itself, so that one barrier (the sums of squares) stands between the last word's
-// arrival and the normed rows.
+// collected itself (pair_element), so that one barrier (the sums of squares) stands between the
+// last word's arrival and the normed rows.
 __device__ void collect_x_norm(const Params& p, int in, int nb, int n, const bf16_t* w, float eps,
                                float* xr, float* xs) {
   const int warp = tid() >> 5, lane = tid() & 31;
   float* red = sm_red(p);  // [MAX_B][WARPS]: over the reduction ints too, unused here
   float wv[NORM_REGS];
-  row_elements(w, n, tid(), wv);
+#pragma unroll
+  for (int j = 0; j < NORM_REGS; j++) {
+    const int i = pair_element(j);
+    wv[j] = i < n ? bf2f(w[i]) : 0.f;
+  }
   collect_x_rows(p, in, nb, n, xr);
+  if (in < 0) __syncthreads();  // (rows read from global memory are laid out as row_elements's)
   for (int b = 0; b < nb; b++) {
     float ss = 0.f;
 #pragma unroll
     for (int j = 0; j < NORM_REGS; j++) {
-      const int i = tid() + j * THREADS;
+      const int i = pair_element(j);
       if (i < n) ss += xr[b * n + i] * xr[b * n + i];
     }
     ss = warp_sum(ss);
@@ -465,7 +495,7 @@ __device__ void collect_x_norm(const Params& p, int in, int nb, int n, const bf1
     const float r = rsqrtf(total / (float)n + eps);
 #pragma unroll
     for (int j = 0; j < NORM_REGS; j++) {
-      const int i = tid() + j * THREADS;
+      const int i = pair_element(j);
       if (i < n) xs[b * n + plane_index(i, n)] = wv[j] * (xr[b * n + i] * r);
     }
   }
@@ -1331,10 +1361,13 @@ __device__ int sample_sub(const Params& p, int b, int group, u32 t_logits, float
   float* v = work;
   u32* hist = clear_histogram(work, V);
   collect_flat(p.logits + (size_t)b * logits_stride(p), V, t_logits, v);
-  // the temperature: each thread divides the logits it collected itself (collect's i = tid + j *
-  // THREADS), before the barrier
+  // the temperature: each thread divides the logits it collected itself (collect's pairs), before
+  // the barrier
   if (sp.do_sample)
-    for (int i = tid(); i < V; i += THREADS) v[i] = v[i] / sp.temperature;
+    for (int k = tid(); 2 * k < V; k += THREADS) {
+      v[2 * k] = v[2 * k] / sp.temperature;
+      v[2 * k + 1] = v[2 * k + 1] / sp.temperature;
+    }
   __syncthreads();
   inputs_arrived(p);
   return sample_logits(v, V, sp, p.seed_lo[b], p.seed_hi[b], (u32)p.n_sampled[b], (u32)group,

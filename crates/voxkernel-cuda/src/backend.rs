@@ -314,6 +314,17 @@ impl CudaBackend {
                 st.inter,
                 st.hidden
             );
+            // Exchanged rows are read two words per load (`collect`).
+            ensure!(
+                [st.hidden, st.q_width(), st.inter]
+                    .iter()
+                    .all(|w| w % 2 == 0),
+                "the frame kernel needs the {name}'s hidden size ({}), q width ({}) and \
+                 intermediate size ({}) to be even",
+                st.hidden,
+                st.q_width(),
+                st.inter
+            );
             // attention: warp 0 takes the kv head, one warp each q head of its group, the next V
             let group = st.n_heads / st.n_kv;
             ensure!(
@@ -323,6 +334,12 @@ impl CudaBackend {
                 BLOCK_WARPS - 2
             );
         }
+        ensure!(
+            geometry.vocab % 2 == 0 && geometry.cp_vocab % 2 == 0,
+            "the frame kernel needs even codec vocabularies (talker {}, code predictor {})",
+            geometry.vocab,
+            geometry.cp_vocab
+        );
         // start + per predictor pass (input, 5 per layer, head, sampling) + the talker's, each
         // phase with its inputs' arrival too
         let max_marks = 2 * (1 + g * (3 + 5 * c.layers) + 5 * t.layers + 3);

@@ -268,8 +268,8 @@ __device__ __forceinline__ ulonglong2 ld_word_pair(const u64* p) {
 
 // Word pairs a thread loads before it waits on the first.
 #define COLLECT_PAIRS 4
-// A thread's elements of a row as wide as the widest hidden (2,048): its norm weights, or a row
-// read from global memory (row_elements).
+// A thread's elements of a row as wide as the widest hidden (2,048): its norm weights
+// (pair_element), or a row read from global memory (row_elements).
 #define NORM_REGS 4
 
 __device__ __forceinline__ float to_f32(bf16_t v) { return bf2f(v); }

@@ -268,22 +268,30 @@ __device__ __forceinline__ ulonglong2 ld_word_pair(const u64* p) {
 
 // Word pairs a thread loads before it waits on the first.
 #define COLLECT_PAIRS 4
-// A thread's elements of a row as wide as the widest hidden (2,048): its norm weights
-// (pair_element), or a row read from global memory (row_elements).
+// A thread's elements of a row as wide as the widest hidden (2,048): its norm weights, or a row
+// read from global memory (row_elements).
 #define NORM_REGS 4
+
+// Element j (j < NORM_REGS) of a thread's share of a row, from pair `base` on: elements go to
+// threads two by two, as collect() polls them, so that a thread can use the elements it collected
+// before the block synchronises. A loop over a row steps base by ROW_PAIRS_STEP from tid().
+__device__ __forceinline__ int row_element(int base, int j) {
+  return 2 * (base + (j >> 1) * THREADS) + (j & 1);
+}
+#define ROW_PAIRS_STEP (THREADS * NORM_REGS / 2)
 
 __device__ __forceinline__ float to_f32(bf16_t v) { return bf2f(v); }
 __device__ __forceinline__ float to_f32(float v) { return v; }
 
-// A thread's elements base + j * THREADS (j < NORM_REGS) of a row of n (0 past n), every load
-// issued before any is used: in a loop that stores each element as it arrives, each load would
-// wait for the one before it.
+// A thread's elements row_element(base, j) of a row of n (0 past n), every load issued before
+// any is used: in a loop that stores each element as it arrives, each load would wait for the
+// one before it.
 template <typename T>
 __device__ __forceinline__ void row_elements(const T* row, int n, int base,
                                              float (&v)[NORM_REGS]) {
 #pragma unroll
   for (int j = 0; j < NORM_REGS; j++) {
-    const int i = base + j * THREADS;
+    const int i = row_element(base, j);
     v[j] = i < n ? to_f32(row[i]) : 0.f;
   }
 }
@@ -297,14 +305,8 @@ __device__ __forceinline__ int plane_index(int i, int n) {
   return ((i >> 2) & 1) * (n >> 1) + ((i >> 3) << 2) + (i & 3);
 }
 
-// A thread's j-th element (j < NORM_REGS) of a row collect() filled: the pairs it polled, so
-// that it can use them before the block synchronises.
-__device__ __forceinline__ int pair_element(int j) {
-  return 2 * (tid() + (j >> 1) * THREADS) + (j & 1);
-}
-
 // out[i] = the value of src[i] for i < n (with PLANES, out[plane_index(i, n)]), once each
-// carries `tag`. A thread takes word pairs (pair_element): all its loads go out before it waits
+// carries `tag`. A thread takes word pairs (row_element's): all its loads go out before it waits
 // on the first, and a pair still stale once the pair before it has landed costs one more round
 // trip, so two words per load halve the round trips after the last producer's words land
 // (docs/kernel-notes.md, "Version 1.14"). n is even and src 16-byte aligned (the host checks the
@@ -418,8 +420,8 @@ __device__ __forceinline__ void inputs_arrived(const Params& p) {
 }
 
 // x of every sequence (its first n elements) into out ([nb][n], shared memory; with PLANES as
-// a matvec input, plane_index); from words, a thread's elements are pair_element's (collect's),
-// and the caller synchronises the block.
+// a matvec input, plane_index); a thread's elements are row_element's, and the caller
+// synchronises the block.
 template <bool PLANES = false>
 __device__ void collect_x_rows(const Params& p, int in, int nb, int n, float* out) {
   const int H = p.talker.hidden;
@@ -437,7 +439,7 @@ __device__ void collect_x_rows(const Params& p, int in, int nb, int n, float* ou
       const bool table = past < 0;
       const float* src = in == X_PLAIN ? p.x + (size_t)b * p.max_hidden
                                        : p.past_hidden + (size_t)p.slot[table ? 0 : past] * H;
-      for (int base = tid(); base < n; base += THREADS * NORM_REGS) {
+      for (int base = tid(); 2 * base < n; base += ROW_PAIRS_STEP) {
         float v[NORM_REGS];
         if (table)
           row_elements(p.codec_embedding + (size_t)p.c0[b] * H, n, base, v);
@@ -445,7 +447,7 @@ __device__ void collect_x_rows(const Params& p, int in, int nb, int n, float* ou
           row_elements(src, n, base, v);
 #pragma unroll
         for (int j = 0; j < NORM_REGS; j++) {
-          const int i = base + j * THREADS;
+          const int i = row_element(base, j);
           if (i < n) o[PLANES ? plane_index(i, n) : i] = v[j];
         }
       }
@@ -462,25 +464,20 @@ __device__ void collect_x(const Params& p, int in, int nb, int n, float* xs) {
 // x of every sequence into xr ([nb][n]) and rmsnorm(x) * w into xs (as matvec inputs, in
 // planes; every block that needs the norm computes it: cheaper than an exchange). The weights
 // are loaded before the words are awaited, and each thread squares and scales the elements it
-// collected itself (pair_element), so that one barrier (the sums of squares) stands between the
+// collected itself (row_element), so that one barrier (the sums of squares) stands between the
 // last word's arrival and the normed rows.
 __device__ void collect_x_norm(const Params& p, int in, int nb, int n, const bf16_t* w, float eps,
                                float* xr, float* xs) {
   const int warp = tid() >> 5, lane = tid() & 31;
   float* red = sm_red(p);  // [MAX_B][WARPS]: over the reduction ints too, unused here
   float wv[NORM_REGS];
-#pragma unroll
-  for (int j = 0; j < NORM_REGS; j++) {
-    const int i = pair_element(j);
-    wv[j] = i < n ? bf2f(w[i]) : 0.f;
-  }
+  row_elements(w, n, tid(), wv);
   collect_x_rows(p, in, nb, n, xr);
-  if (in < 0) __syncthreads();  // (rows read from global memory are laid out as row_elements's)
   for (int b = 0; b < nb; b++) {
     float ss = 0.f;
 #pragma unroll
     for (int j = 0; j < NORM_REGS; j++) {
-      const int i = pair_element(j);
+      const int i = row_element(tid(), j);
       if (i < n) ss += xr[b * n + i] * xr[b * n + i];
     }
     ss = warp_sum(ss);
@@ -495,7 +492,7 @@ __device__ void collect_x_norm(const Params& p, int in, int nb, int n, const bf1
     const float r = rsqrtf(total / (float)n + eps);
 #pragma unroll
     for (int j = 0; j < NORM_REGS; j++) {
-      const int i = pair_element(j);
+      const int i = row_element(tid(), j);
       if (i < n) xs[b * n + plane_index(i, n)] = wv[j] * (xr[b * n + i] * r);
     }
   }
@@ -1414,12 +1411,12 @@ __device__ void norm_and_head(const Params& p, const Stack& s, const bf16_t* hea
 
 // x words of one sequence: a bf16 embedding row (the next predictor input).
 __device__ void publish_row(u64* dst, const bf16_t* row, int n, u32 t) {
-  for (int base = tid(); base < n; base += THREADS * NORM_REGS) {
+  for (int base = tid(); 2 * base < n; base += ROW_PAIRS_STEP) {
     float v[NORM_REGS];
     row_elements(row, n, base, v);
 #pragma unroll
     for (int j = 0; j < NORM_REGS; j++)
-      if (base + j * THREADS < n) publish(dst + base + j * THREADS, v[j], t);
+      if (row_element(base, j) < n) publish(dst + row_element(base, j), v[j], t);
   }
 }
 
@@ -1432,7 +1429,7 @@ __device__ void frame_embedding(const Params& p, int b, u64* dst, u32 t) {
   const int trow = g < p.trailing_len[b] - 1 ? g : p.trailing_len[b] - 1;
   const float* trailing = p.trailing + ((size_t)p.slot[b] * p.max_trailing + trow) * H;
   const bf16_t* c0row = p.codec_embedding + (size_t)codes[0] * H;
-  for (int base = tid(); base < H; base += THREADS * NORM_REGS) {
+  for (int base = tid(); 2 * base < H; base += ROW_PAIRS_STEP) {
     float e[NORM_REGS], add[NORM_REGS];
     row_elements(c0row, H, base, e);
     for (int j = 1; j < p.groups; j++) {
@@ -1443,7 +1440,7 @@ __device__ void frame_embedding(const Params& p, int b, u64* dst, u32 t) {
     row_elements(trailing, H, base, add);
 #pragma unroll
     for (int k = 0; k < NORM_REGS; k++)
-      if (base + k * THREADS < H) publish(dst + base + k * THREADS, e[k] + add[k], t);
+      if (row_element(base, k) < H) publish(dst + row_element(base, k), e[k] + add[k], t);
   }
 }
 

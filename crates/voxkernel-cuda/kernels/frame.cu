@@ -1,4 +1,4 @@
-// voxkernel frame megakernel (version 1.13: phases chained by tagged words, no grid barriers; o,
+// voxkernel frame megakernel (version 1.15: phases chained by tagged words, no grid barriers; o,
 // down and gate|up tasks shared by warp pairs; V appended by a warp of its own; norm weights
 // loaded before the wait; a sampler with two barriers per radix round; the predictor's first
 // two positions in one pass; one exp per warp state in the attention's merge; matvec inputs in
@@ -7,7 +7,8 @@
 // they are stored; in the solo build, the attention merge's factors once per warp state and
 // the flat collect out of line; the talker's attention chunks counted by one acquire-release
 // increment; the block argmax's warp results reduced by one warp; a wide build for launches of
-// up to eight sequences).
+// up to eight sequences; exchanged words polled two per load, the rows of every sequence of a
+// launch at once).
 //
 // One cooperative launch advances up to MAX_B sequences (the solo build: one) by one audio
 // frame:
@@ -305,31 +306,42 @@ __device__ __forceinline__ int plane_index(int i, int n) {
   return ((i >> 2) & 1) * (n >> 1) + ((i >> 3) << 2) + (i & 3);
 }
 
-// out[i] = the value of src[i] for i < n (with PLANES, out[plane_index(i, n)]), once each
-// carries `tag`. A thread takes word pairs (row_element's): all its loads go out before it waits
-// on the first, and a pair still stale once the pair before it has landed costs one more round
-// trip, so two words per load halve the round trips after the last producer's words land
-// (docs/kernel-notes.md, "Version 1.14"). n is even and src 16-byte aligned (the host checks the
-// model's widths). The block's threads share the words; the caller synchronises the block
-// before reading `out`.
+// out[r * n + i] = the value of src[r * stride + i] for rows r < rows and i < n (with PLANES,
+// out[r * n + plane_index(i, n)]), once each carries `tag`. A thread takes word pairs, pair q of
+// every row being thread q % THREADS's (row_element's), and its (pair, row) slots
+// COLLECT_PAIRS at a time, every load out before it waits on the first: a pair still stale once
+// the one before it has landed costs one more round trip, so two words per load halve the round
+// trips after the last producer's words land (docs/kernel-notes.md, "Version 1.14"), and the rows
+// of a launch of several sequences are awaited together, not one after another. n is even and
+// src 16-byte aligned (the host checks the model's widths). The block's threads share the words;
+// the caller synchronises the block before reading `out`.
 template <bool PLANES = false>
-__device__ void collect(const u64* src, int n, u32 tag, float* out) {
+__device__ void collect(const u64* src, int stride, int rows, int n, u32 tag, float* out) {
   const int pairs = n >> 1;
-  for (int base = tid(); base < pairs; base += THREADS * COLLECT_PAIRS) {
+  const int slots = rows * ((pairs - tid() + THREADS - 1) / THREADS);
+  int q = tid(), r = 0;  // the next slot's pair and row
+  for (int s0 = 0; s0 < slots; s0 += COLLECT_PAIRS) {
     // (every element set: a conditionally set one would count as live from the kernel's entry)
     ulonglong2 w[COLLECT_PAIRS];
-#pragma unroll
-    for (int j = 0; j < COLLECT_PAIRS; j++)
-      w[j] = base + j * THREADS < pairs ? ld_word_pair(src + 2 * (base + j * THREADS))
-                                        : make_ulonglong2(0ull, 0ull);
+    int slot[COLLECT_PAIRS];  // (row << 24) | pair, or -1
 #pragma unroll
     for (int j = 0; j < COLLECT_PAIRS; j++) {
-      const int i = base + j * THREADS;
-      if (i >= pairs) continue;
-      while ((u32)(w[j].x >> 32) != tag || (u32)(w[j].y >> 32) != tag)
-        w[j] = ld_word_pair(src + 2 * i);
+      slot[j] = s0 + j < slots ? (r << 24) | q : -1;
+      w[j] = slot[j] >= 0 ? ld_word_pair(src + (size_t)r * stride + 2 * q)
+                          : make_ulonglong2(0ull, 0ull);
+      if (++r == rows) {
+        r = 0;
+        q += THREADS;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < COLLECT_PAIRS; j++) {
+      if (slot[j] < 0) continue;
+      const int row = slot[j] >> 24, i = slot[j] & 0xffffff;
+      const u64* at = src + (size_t)row * stride + 2 * i;
+      while ((u32)(w[j].x >> 32) != tag || (u32)(w[j].y >> 32) != tag) w[j] = ld_word_pair(at);
       // (plane_index keeps an even element's successor next to it)
-      *reinterpret_cast<float2*>(out + (PLANES ? plane_index(2 * i, n) : 2 * i)) =
+      *reinterpret_cast<float2*>(out + row * n + (PLANES ? plane_index(2 * i, n) : 2 * i)) =
           make_float2(word_value(w[j].x), word_value(w[j].y));
     }
   }
@@ -343,8 +355,8 @@ __device__ __noinline__
 #else
 __device__ __forceinline__
 #endif
-void collect_flat(const u64* src, int n, u32 tag, float* out) {
-  collect<false>(src, n, tag, out);
+void collect_flat(const u64* src, int stride, int rows, int n, u32 tag, float* out) {
+  collect<false>(src, stride, rows, n, tag, out);
 }
 
 // Exchanges are numbered by where they happen, so that every block derives the same tag from
@@ -425,31 +437,31 @@ __device__ __forceinline__ void inputs_arrived(const Params& p) {
 template <bool PLANES = false>
 __device__ void collect_x_rows(const Params& p, int in, int nb, int n, float* out) {
   const int H = p.talker.hidden;
+  if (in >= 0) {
+    const u64* src = x_buffer(p, in >> 16);
+    if (PLANES)
+      collect<true>(src, p.max_hidden, nb, n, tag_of(p, in & 0xffff), out);
+    else
+      collect_flat(src, p.max_hidden, nb, n, tag_of(p, in & 0xffff), out);
+    return;
+  }
   for (int b = 0; b < nb; b++) {
     float* o = out + b * n;
-    if (in >= 0) {
-      const u64* src = x_buffer(p, in >> 16) + (size_t)b * p.max_hidden;
-      if (PLANES)
-        collect<true>(src, n, tag_of(p, in & 0xffff), o);
+    // (X_C0_PAST: rows below nb / 2 are codebook 0's embedding, the others past_hidden)
+    const int past = in == X_C0_PAST ? b - nb / 2 : b;
+    const bool table = past < 0;
+    const float* src = in == X_PLAIN ? p.x + (size_t)b * p.max_hidden
+                                     : p.past_hidden + (size_t)p.slot[table ? 0 : past] * H;
+    for (int base = tid(); 2 * base < n; base += ROW_PAIRS_STEP) {
+      float v[NORM_REGS];
+      if (table)
+        row_elements(p.codec_embedding + (size_t)p.c0[b] * H, n, base, v);
       else
-        collect_flat(src, n, tag_of(p, in & 0xffff), o);
-    } else {
-      // (X_C0_PAST: rows below nb / 2 are codebook 0's embedding, the others past_hidden)
-      const int past = in == X_C0_PAST ? b - nb / 2 : b;
-      const bool table = past < 0;
-      const float* src = in == X_PLAIN ? p.x + (size_t)b * p.max_hidden
-                                       : p.past_hidden + (size_t)p.slot[table ? 0 : past] * H;
-      for (int base = tid(); 2 * base < n; base += ROW_PAIRS_STEP) {
-        float v[NORM_REGS];
-        if (table)
-          row_elements(p.codec_embedding + (size_t)p.c0[b] * H, n, base, v);
-        else
-          row_elements(src, n, base, v);
+        row_elements(src, n, base, v);
 #pragma unroll
-        for (int j = 0; j < NORM_REGS; j++) {
-          const int i = row_element(base, j);
-          if (i < n) o[PLANES ? plane_index(i, n) : i] = v[j];
-        }
+      for (int j = 0; j < NORM_REGS; j++) {
+        const int i = row_element(base, j);
+        if (i < n) o[PLANES ? plane_index(i, n) : i] = v[j];
       }
     }
   }
@@ -954,7 +966,7 @@ __device__ void residual_product(const Params& p, int H, const bf16_t* W, int K,
   float* xs = sm_xs();
   const float* xr = sm_xr(p);
   if (has_rows(H)) {
-    for (int b = 0; b < nb; b++) collect<true>(in + (size_t)b * stride, K, tag_in, xs + b * K);
+    collect<true>(in, stride, nb, K, tag_in, xs);
     __syncthreads();
     inputs_arrived(p);
   }
@@ -1336,7 +1348,7 @@ __device__ int sample_talker(const Params& p, int b, u32 t_logits, float* work, 
   float* v = work;
   if (p.mode == MODE_FRAME && tid() == 0) seen[p.c0[b]] = 1;
   u32* hist = clear_histogram(work, V);
-  collect_flat(p.logits + (size_t)b * logits_stride(p), V, t_logits, v);
+  collect_flat(p.logits + (size_t)b * logits_stride(p), V, 1, V, t_logits, v);
   __syncthreads();  // (also orders seen[c0] before its reader)
   inputs_arrived(p);
   for (int i = tid(); i < V; i += THREADS) {
@@ -1357,7 +1369,7 @@ __device__ int sample_sub(const Params& p, int b, int group, u32 t_logits, float
   const Sampler& sp = p.sub_sampler[b];
   float* v = work;
   u32* hist = clear_histogram(work, V);
-  collect_flat(p.logits + (size_t)b * logits_stride(p), V, t_logits, v);
+  collect_flat(p.logits + (size_t)b * logits_stride(p), V, 1, V, t_logits, v);
   // the temperature: each thread divides the logits it collected itself (collect's pairs), before
   // the barrier
   if (sp.do_sample)
@@ -1471,7 +1483,8 @@ __device__ void code_predictor(const Params& p, int nb) {
       // written once the first pass's output is complete, so that no block starts the second
       // pass while another still reads the first's words.
       for (int b = bid(); b < nb; b += gridDim.x) {
-        collect_flat(x_buffer(p, 0) + (size_t)b * max_hidden, s.hidden, t_out, sm_xr(p));
+        collect_flat(x_buffer(p, 0) + (size_t)b * max_hidden, max_hidden, 1, s.hidden, t_out,
+                     sm_xr(p));
         __syncthreads();
         publish_row(next + (size_t)b * max_hidden, p.codec_embedding + (size_t)p.c0[b] * H, H,
                     t_next);

@@ -1,6 +1,6 @@
-// Helpers shared by the exchange microbenchmarks (exchange_bench.cu, cluster_bench.cu, paced_bench.cu,
-// reduce_bench.cu): the frame kernel's tagged-word loads and stores, its weight loads, and a
-// shared-memory address for PTX.
+// Helpers shared by the exchange microbenchmarks (exchange_bench.cu, cluster_bench.cu,
+// paced_bench.cu, reduce_bench.cu): the frame kernel's tagged-word loads and stores, its weight
+// loads, and a shared-memory address for PTX.
 #pragma once
 #include <cstdint>
 typedef unsigned long long u64;

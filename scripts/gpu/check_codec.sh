@@ -38,7 +38,7 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{"batch"') and
 groups = collections.defaultdict(float)
 for r in rows:
     kind = r["profile"].split(" m=")[0].split(" layer")[0].split(" rows")[0]
-    groups[(r["graphs"], r["skinny_rows"], r["batch"], kind)] += r["gpu_ms"]
-for (graphs, skinny, batch, kind), ms in sorted(groups.items()):
-    print(f"graphs={graphs} skinny_rows={skinny} batch={batch:2d} {kind:14s} {ms:.3f} ms")
+    groups[(r["precision"], r["graphs"], r["skinny_rows"], r["batch"], kind)] += r["gpu_ms"]
+for (precision, graphs, skinny, batch, kind), ms in sorted(groups.items()):
+    print(f"{precision} graphs={graphs} skinny_rows={skinny} batch={batch:2d} {kind:14s} {ms:.3f} ms")
 PY

@@ -8,7 +8,8 @@
 #                                     `voxkernel bench --e2e`, then the ratios (carry everything
 #                                     in .gpu-e2e but bin/: the two parts together are over the
 #                                     64 MiB a call can carry); PEERS=0 leaves the peers out;
-#                                     JOINS=N adds `--joins N` (sessions joining busy levels)
+#                                     JOINS=N adds `--joins N` (sessions joining busy levels);
+#                                     CODEC_PRECISION=tf32 decodes on the tensor cores
 set -u
 G=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}
@@ -56,7 +57,8 @@ if [ "$PART" != tests ]; then
   fi
   echo "== voxkernel bench --e2e"
   timeout 300 $B/voxkernel bench --e2e --model "$CKPT" --backend cuda \
-    --concurrency "${CONCURRENCY:-1,4,16}" --frames "$FRAMES" --joins "${JOINS:-0}" --speaker ryan 2>&1 \
+    --concurrency "${CONCURRENCY:-1,4,16}" --frames "$FRAMES" --joins "${JOINS:-0}" --speaker ryan \
+    --codec-precision "${CODEC_PRECISION:-f32}" 2>&1 \
     | tee "$OUT/voxkernel.log" | grep -v '^{' | tail -5
   grep '^{' "$OUT/voxkernel.log" > "$OUT/voxkernel.jsonl"
   cat "$OUT/voxkernel.jsonl"

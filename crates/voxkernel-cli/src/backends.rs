@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use clap::ValueEnum;
 use voxkernel_core::backend::{CodecBackend, FrameBackend};
 use voxkernel_core::engine::Model;
@@ -16,6 +16,16 @@ pub enum BackendChoice {
     Auto,
     Cpu,
     Cuda,
+}
+
+/// How the CUDA codec multiplies the decoder's big convolutions.
+#[derive(Clone, Copy, Default, ValueEnum)]
+pub enum CodecPrecision {
+    /// f32 on the CUDA cores: within f32 noise of the CPU reference (docs/codec.md).
+    #[default]
+    F32,
+    /// TF32 on the tensor cores, f32 sums: faster, with the error docs/codec.md states.
+    Tf32,
 }
 
 impl BackendChoice {
@@ -56,10 +66,15 @@ pub fn codec_backend(
     choice: BackendChoice,
     model: &Model,
     streams: usize,
+    precision: CodecPrecision,
 ) -> Result<Box<dyn CodecBackend>> {
     if choice.is_cuda() {
         let options = voxkernel_cuda::CudaCodecOptions {
             max_streams: streams,
+            precision: match precision {
+                CodecPrecision::F32 => voxkernel_cuda::CodecPrecision::F32,
+                CodecPrecision::Tf32 => voxkernel_cuda::CodecPrecision::Tf32,
+            },
             ..Default::default()
         };
         Ok(Box::new(voxkernel_cuda::CudaCodec::from_checkpoint(
@@ -67,6 +82,9 @@ pub fn codec_backend(
             options,
         )?))
     } else {
+        if let CodecPrecision::Tf32 = precision {
+            bail!("--codec-precision tf32 needs the CUDA backend; the CPU codec is f32 only");
+        }
         let decoder = Arc::new(CodecDecoder::from_checkpoint(&model.checkpoint)?);
         Ok(Box::new(ReferenceCodec::new(decoder)))
     }

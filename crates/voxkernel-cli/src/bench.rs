@@ -23,7 +23,7 @@ use voxkernel_core::sampling::SamplingConfig;
 use voxkernel_cuda::CudaOptions;
 use voxkernel_cuda::bench::{FrameBench, run_frame_bench};
 
-use crate::backends::{self, BackendChoice};
+use crate::backends::{self, BackendChoice, CodecPrecision};
 
 /// The sentence `run_peers.sh` gives the other systems, so the numbers compare.
 const PEER_TEXT: &str =
@@ -59,6 +59,10 @@ pub struct BenchArgs {
     speaker: Option<String>,
     #[arg(long, value_enum, default_value = "auto")]
     backend: BackendChoice,
+    /// The CUDA codec's arithmetic for the decoder's big convolutions: f32, or tf32 (tensor
+    /// cores; faster, with the error docs/codec.md states).
+    #[arg(long, value_enum, default_value = "f32")]
+    codec_precision: CodecPrecision,
     /// Frame-kernel mode: untimed frames first.
     #[arg(long, default_value_t = 20)]
     warmup: usize,
@@ -132,7 +136,7 @@ fn run_e2e(args: BenchArgs) -> Result<()> {
     // Room for the prompt (instruct-free CustomVoice: ~10 rows + the text) and the frames.
     let max_len = args.text.len() + frames_cap + 64;
     let frames = backends::frame_backend(args.backend, &model, slots, max_len)?;
-    let codec = backends::codec_backend(args.backend, &model, slots)?;
+    let codec = backends::codec_backend(args.backend, &model, slots, args.codec_precision)?;
     let options = EngineOptions {
         max_active: slots,
         max_frames_cap: frames_cap,

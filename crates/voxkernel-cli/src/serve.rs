@@ -11,7 +11,7 @@ use voxkernel_core::engine::{Engine, EngineOptions, Model};
 use voxkernel_core::prompt::PlanLimits;
 use voxkernel_server::{Server, ServerOptions};
 
-use crate::backends::{self, BackendChoice};
+use crate::backends::{self, BackendChoice, CodecPrecision};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -20,6 +20,10 @@ pub struct ServeArgs {
     model: String,
     #[arg(long, value_enum, default_value = "auto")]
     backend: BackendChoice,
+    /// The CUDA codec's arithmetic for the decoder's big convolutions: f32, or tf32 (tensor
+    /// cores; faster, with the error docs/codec.md states).
+    #[arg(long, value_enum, default_value = "f32")]
+    codec_precision: CodecPrecision,
     /// Address to bind; the default takes connections from this machine only.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -81,7 +85,12 @@ async fn serve(args: ServeArgs) -> Result<()> {
     // Each slot holds a whole prompt (text, instruction and fixed rows) plus every frame.
     let max_len = options.max_frames_cap + 2 * options.limits.max_text_tokens + 64;
     let frames = backends::frame_backend(args.backend, &model, options.max_active, max_len)?;
-    let codec = backends::codec_backend(args.backend, &model, options.max_active)?;
+    let codec = backends::codec_backend(
+        args.backend,
+        &model,
+        options.max_active,
+        args.codec_precision,
+    )?;
     tracing::info!(frames = %frames.name(), codec = %codec.name(), "backends ready");
     let voice_encoder = match model.checkpoint.config.model_type {
         ModelType::Base => {

@@ -54,3 +54,20 @@ fn e2e_with_joins_reports_every_joining_session_beside_the_streaming_ones() {
         assert!(0.0 < p50 && p50 <= p95 && p95 <= max, "{join}");
     }
 }
+
+#[test]
+fn tf32_codec_on_the_cpu_backend_is_refused_with_a_reason() {
+    let output = Command::new(env!("CARGO_BIN_EXE_voxkernel"))
+        .args(["bench", "--e2e", "--backend", "cpu", "--model"])
+        .arg(fixture())
+        .args(["--concurrency", "1", "--frames", "2", "--waves", "1"])
+        .args(["--codec-precision", "tf32"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--codec-precision tf32 needs the CUDA backend"),
+        "{stderr}"
+    );
+}

@@ -1,7 +1,7 @@
 //! Codec decoder benchmark and full-size check:
 //! `codec_bench --model DIR [--calls N] [--warmup N] [--batches 1,4,16] [--graphs 1,0]
 //! [--skinny-rows 64] [--batch-invariant 1,0] [--plan-frames 1,8] [--pipelined 1,0]
-//! [--frames-per-call 1,8]
+//! [--precision f32,tf32] [--frames-per-call 1,8]
 //! [--check-frames N]`.
 //! DIR is a checkpoint (its `speech_tokenizer/` is used) or a speech tokenizer directory.
 //!
@@ -10,7 +10,8 @@
 //! running well past the 72-frame window), for every combination of the `--graphs` and
 //! `--skinny-rows` settings (`CudaCodecOptions`); the GPU time per launch of one such call; then
 //! the GPU decode of random frames (frame by frame, and in one call) against the CPU reference's
-//! one-pass decode, and whether the two GPU decodes are the same bit for bit.
+//! one-pass decode, and whether the two GPU decodes are the same bit for bit (once per
+//! `--precision`, with that precision's first mode).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,7 +22,7 @@ use voxkernel_core::backend::{CodecBackend, CodecSlot, Frame};
 use voxkernel_core::checkpoint::SafetensorsFile;
 use voxkernel_core::config::SpeechTokenizerConfig;
 use voxkernel_core::reference::codec_decoder::CodecDecoder;
-use voxkernel_cuda::{CudaCodec, CudaCodecOptions};
+use voxkernel_cuda::{CodecPrecision, CudaCodec, CudaCodecOptions};
 
 struct Args {
     model: PathBuf,
@@ -33,6 +34,7 @@ struct Args {
     batch_invariant: Vec<bool>,
     plan_frames: Vec<usize>,
     pipelined: Vec<bool>,
+    precision: Vec<CodecPrecision>,
     frames_per_call: Vec<usize>,
     check_frames: usize,
 }
@@ -48,6 +50,7 @@ fn parse_args() -> Result<Args> {
         batch_invariant: vec![CudaCodecOptions::default().batch_invariant],
         plan_frames: vec![CudaCodecOptions::default().plan_frames],
         pipelined: vec![CudaCodecOptions::default().pipelined],
+        precision: vec![CudaCodecOptions::default().precision],
         frames_per_call: vec![1],
         check_frames: 20,
     };
@@ -63,13 +66,14 @@ fn parse_args() -> Result<Args> {
             "--skinny-rows" => args.skinny_rows = list(&value()?)?,
             "--batch-invariant" => args.batch_invariant = flags(&value()?)?,
             "--pipelined" => args.pipelined = flags(&value()?)?,
+            "--precision" => args.precision = precisions(&value()?)?,
             "--frames-per-call" => args.frames_per_call = list(&value()?)?,
             "--plan-frames" => args.plan_frames = list(&value()?)?,
             "--check-frames" => args.check_frames = value()?.parse()?,
             other => bail!(
                 "unknown flag {other}; valid: --model, --calls, --warmup, --batches, --graphs, \
-                 --skinny-rows, --batch-invariant, --plan-frames, --pipelined, --frames-per-call, \
-                 --check-frames"
+                 --skinny-rows, --batch-invariant, --plan-frames, --pipelined, --precision, \
+                 --frames-per-call, --check-frames"
             ),
         }
     }
@@ -144,24 +148,29 @@ fn main() -> Result<()> {
             for &invariant in &args.batch_invariant {
                 for &plan_frames in &args.plan_frames {
                     for &pipelined in &args.pipelined {
-                        modes.push((graphs, rows, invariant, plan_frames, pipelined));
+                        for &precision in &args.precision {
+                            modes.push(CudaCodecOptions {
+                                graphs,
+                                skinny_rows: rows,
+                                batch_invariant: invariant,
+                                plan_frames,
+                                pipelined,
+                                precision,
+                                ..CudaCodecOptions::default()
+                            });
+                        }
                     }
                 }
             }
         }
     }
     let max_per_call = args.frames_per_call.iter().copied().max().unwrap_or(1);
-    for (mode, (graphs, skinny_rows, batch_invariant, plan_frames, pipelined)) in
-        modes.into_iter().enumerate()
-    {
+    let mut checked = Vec::new();
+    for mode in modes {
         let options = CudaCodecOptions {
             max_streams: max_batch,
             max_pass_frames: (max_batch * max_per_call).max(args.check_frames.min(32)),
-            graphs,
-            skinny_rows,
-            batch_invariant,
-            plan_frames,
-            pipelined,
+            ..mode
         };
         let mut codec = CudaCodec::new(&config, &file, options)?;
         for &per_call in &args.frames_per_call {
@@ -169,14 +178,9 @@ fn main() -> Result<()> {
                 bench(&mut codec, &args, batch, per_call, &options, size)?;
             }
         }
-        if mode == 0 && args.check_frames > 0 {
-            check(
-                &mut codec,
-                &config,
-                &file,
-                args.check_frames,
-                batch_invariant,
-            )?;
+        if !checked.contains(&options.precision) && args.check_frames > 0 {
+            checked.push(options.precision);
+            check(&mut codec, &config, &file, args.check_frames, &options)?;
         }
     }
     Ok(())
@@ -188,6 +192,18 @@ fn flags(value: &str) -> Result<Vec<bool>> {
         .split(',')
         .map(|v| v.parse::<u8>().map(|v| v != 0))
         .collect::<Result<_, _>>()?)
+}
+
+/// A comma-separated list of `f32` / `tf32`.
+fn precisions(value: &str) -> Result<Vec<CodecPrecision>> {
+    value
+        .split(',')
+        .map(|v| match v {
+            "f32" => Ok(CodecPrecision::F32),
+            "tf32" => Ok(CodecPrecision::Tf32),
+            other => bail!("--precision: unknown value {other:?}; valid: f32, tf32"),
+        })
+        .collect()
 }
 
 /// A comma-separated list of counts.
@@ -247,6 +263,7 @@ fn bench(
             "batch_invariant": options.batch_invariant,
             "plan_frames": options.plan_frames,
             "pipelined": options.pipelined,
+            "precision": format!("{:?}", options.precision),
             "frames_per_stream_per_call": per_call,
             "calls": times.len(),
             "ms_p50": p50,
@@ -267,6 +284,8 @@ fn bench(
                 "batch": batch,
                 "graphs": graphs,
                 "skinny_rows": skinny_rows,
+                "precision": format!("{:?}", options.precision),
+                "frames_per_stream_per_call": per_call,
                 "gpu_ms": ms,
             })
         );
@@ -284,7 +303,7 @@ fn check(
     config: &SpeechTokenizerConfig,
     file: &SafetensorsFile,
     count: usize,
-    batch_invariant: bool,
+    options: &CudaCodecOptions,
 ) -> Result<()> {
     let gpu = codec.device_name().to_string();
     let frames = random_frames(count, config.decoder_config.codebook_size, 99);
@@ -315,7 +334,8 @@ fn check(
         serde_json::json!({
             "check": "codec_frame_by_frame_vs_one_call",
             "gpu": gpu,
-            "batch_invariant": batch_invariant,
+            "batch_invariant": options.batch_invariant,
+            "precision": format!("{:?}", options.precision),
             "frames": count,
             "samples_differing": differing,
         })
@@ -328,6 +348,7 @@ fn check(
                 "check": "codec_gpu_vs_cpu_one_pass",
                 "gpu": gpu,
                 "mode": mode,
+                "precision": format!("{:?}", options.precision),
                 "frames": count,
                 "max_abs": max_abs,
                 "rms": rms,

@@ -1,4 +1,5 @@
-// voxkernel streaming codec decoder (codes -> 24 kHz waveform), f32 throughout.
+// voxkernel streaming codec decoder (codes -> 24 kHz waveform), f32 (the pipelined products
+// optionally on the tensor cores in TF32: `conv_gemm_pipe`).
 //
 // The GPU counterpart of crates/voxkernel-core/src/reference/codec_decoder.rs: the same causal
 // layers, fed the new frames of many streams at once (see src/codec.rs and docs/codec.md).
@@ -356,13 +357,14 @@ struct TileSums {
   }
 };
 
-// GEMM row g's 4 adjacent outputs from column c0 on, through the epilogue.
-__device__ __forceinline__ void store_row4(const Gemm& p, const Batch& b, int g, int c0,
-                                           const float (&acc)[4]) {
+// GEMM row g's N adjacent outputs from column c0 (even) on, through the epilogue.
+template <int N>
+__device__ __forceinline__ void store_cols(const Gemm& p, const Batch& b, int g, int c0,
+                                           const float (&acc)[N]) {
   const OutRow row = out_row(p, b, g);
   if (row.e < 0) return;
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
+  for (int j = 0; j < N; ++j) {
     const int c = c0 + j;
     if (c >= p.n) break;
     store(p, row, c, acc[j], j % 2 == 0 ? acc[j + 1] : 0.0f, residual(p, row, c));
@@ -468,7 +470,7 @@ __device__ __forceinline__ void conv_gemm(const Gemm& p, const Batch& b) {
   // Row by row: gathering every row's residuals before the first store measured no faster here
   // and its registers cost a resident block per SM.
 #pragma unroll
-  for (int i = 0; i < TM; ++i) store_row4(p, b, m0 + ty * TM + i, n0 + tx * 4, acc[i]);
+  for (int i = 0; i < TM; ++i) store_cols(p, b, m0 + ty * TM + i, n0 + tx * 4, acc[i]);
 }
 
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
@@ -494,13 +496,18 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
 
 // The tiled GEMM for products whose input is read as stored (no norm or activation on load)
 // and whose rows and columns can be copied 16 bytes at a time (cin a multiple of BK, so a depth
-// chunk never straddles two taps, and n a multiple of 4): 128 x 64 tiles, each thread 8 rows
-// (ty + 16 i) x 4 columns, both operands copied into shared memory by cp.async PIPE_STAGES - 1
-// chunks ahead of the one being multiplied. conv_gemm stages one chunk at a time through
-// registers, with two barriers per chunk, and measured bound by that staging, not by its
-// multiply-adds (docs/codec.md). Every output is still one multiply-add chain over its depth
-// in order from zero, and the splits are added as conv_gemm adds them, so for the same splits
-// the result is conv_gemm's bit for bit (a GPU unit test in src/encoder/mod.rs compares them).
+// chunk never straddles two taps, and n a multiple of 4): 128 x 64 tiles, both operands copied
+// into shared memory by cp.async PIPE_STAGES - 1 chunks ahead of the one being multiplied.
+// conv_gemm stages one chunk at a time through registers, with two barriers per chunk, and
+// measured bound by that staging, not by its multiply-adds (docs/codec.md).
+// - f32 (TF32 false): each thread 8 rows (ty + 16 i) x 4 columns. Every output is still one
+//   multiply-add chain over its depth in order from zero, and the splits are added as conv_gemm
+//   adds them, so for the same splits the result is conv_gemm's bit for bit (a GPU unit test in
+//   src/encoder/mod.rs compares them).
+// - TF32 (the codec's tensor-core mode): each warp a 32 x 32 block of the tile as 2 x 4
+//   mma.sync m16n8k8 tiles, operands rounded to TF32 (10-bit mantissa) and f32 sums. The
+//   hardware adds each 8-deep step in its own fixed order, so a row's outputs still do not
+//   depend on the other rows of the pass, and splits are added as in the f32 kernel.
 // The host only plans it where k and every split's depth are multiples of BK (no partial chunk).
 #define PIPE_BM 128
 #define PIPE_STAGES 3
@@ -514,16 +521,37 @@ __device__ __forceinline__ void fma_row(float (&acc)[4], float a, float4 w) {
   acc[3] += a * w.w;
 }
 
-template <bool FOLD>
+__device__ __forceinline__ u32 to_tf32(float v) {
+  u32 r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+  return r;
+}
+
+// d += a (16 x 8, row-major) * b (8 x 8, column-major), TF32 in, f32 sums.
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+template <bool FOLD, bool TF32>
 __device__ __forceinline__ void conv_gemm_pipe(const Gemm& p, const Batch& b) {
   constexpr int TM = 8;
+  // B rows padded by 8 floats for TF32: an mma fragment reads 4 depths x 8 columns, which then
+  // fall in 32 different banks.
+  constexpr int BS_N = TF32 ? BN + 8 : BN;
   __shared__ __align__(16) float as[PIPE_STAGES][PIPE_BM][PIPE_AK];
-  __shared__ __align__(16) float bs[PIPE_STAGES][BK][BN];
+  __shared__ __align__(16) float bs[PIPE_STAGES][BK][BS_N];
   __shared__ i64 a_row[PIPE_BM];
   __shared__ float a_rms[PIPE_BM];  // unused: no norm on load
   __shared__ int last_split;
 
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  // TF32: warp w owns tile rows 32 (w % 4).. and columns 32 (w / 4)..; lane = 4 group + quad.
+  const int warp = tid / 32, group = (tid % 32) / 4, quad = tid % 4;
+  const int wm = 32 * (warp % 4), wn = 32 * (warp / 4);
   const int n0 = blockIdx.x * BN, m0 = blockIdx.y * PIPE_BM;
   const int k_begin = FOLD ? 0 : blockIdx.z * p.k_split;
   const int k_end = FOLD ? p.k : min(p.k, k_begin + p.k_split);
@@ -549,6 +577,8 @@ __device__ __forceinline__ void conv_gemm_pipe(const Gemm& p, const Batch& b) {
     cp_async_commit();
   };
 
+  // f32: acc[i] is row ty + 16 i, columns tx * 4... TF32: acc[4 mi + nj] is mma tile (mi, nj)'s
+  // fragment: rows wm + 16 mi + group (+ 8 for the last two), columns wn + 8 nj + 2 quad (+ 1).
   TileSums<TM> sums;
   sums.zero();
   auto& acc = sums.acc;
@@ -562,19 +592,45 @@ __device__ __forceinline__ void conv_gemm_pipe(const Gemm& p, const Batch& b) {
     // Chunk k0 has landed for every thread, and all are done with the stage refilled next.
     __syncthreads();
     issue(k0 + (PIPE_STAGES - 1) * BK, stage == 0 ? PIPE_STAGES - 1 : stage - 1);
+    if constexpr (TF32) {
 #pragma unroll
-    for (int k4 = 0; k4 < BK; k4 += 4) {
-      const float4 w0 = *reinterpret_cast<const float4*>(&bs[stage][k4][tx * 4]);
-      const float4 w1 = *reinterpret_cast<const float4*>(&bs[stage][k4 + 1][tx * 4]);
-      const float4 w2 = *reinterpret_cast<const float4*>(&bs[stage][k4 + 2][tx * 4]);
-      const float4 w3 = *reinterpret_cast<const float4*>(&bs[stage][k4 + 3][tx * 4]);
+      for (int k8 = 0; k8 < BK; k8 += 8) {
+        u32 fa[2][4], fb[4][2];
 #pragma unroll
-      for (int i = 0; i < TM; ++i) {
-        const float4 a = *reinterpret_cast<const float4*>(&as[stage][ty + 16 * i][k4]);
-        fma_row(acc[i], a.x, w0);
-        fma_row(acc[i], a.y, w1);
-        fma_row(acc[i], a.z, w2);
-        fma_row(acc[i], a.w, w3);
+        for (int mi = 0; mi < 2; ++mi) {
+          const float* r0 = &as[stage][wm + 16 * mi + group][k8 + quad];
+          const float* r8 = r0 + 8 * PIPE_AK;
+          fa[mi][0] = to_tf32(r0[0]);
+          fa[mi][1] = to_tf32(r8[0]);
+          fa[mi][2] = to_tf32(r0[4]);
+          fa[mi][3] = to_tf32(r8[4]);
+        }
+#pragma unroll
+        for (int nj = 0; nj < 4; ++nj) {
+          const float* c = &bs[stage][k8 + quad][wn + 8 * nj + group];
+          fb[nj][0] = to_tf32(c[0]);
+          fb[nj][1] = to_tf32(c[4 * BS_N]);
+        }
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+          for (int nj = 0; nj < 4; ++nj) mma_tf32(acc[4 * mi + nj], fa[mi], fb[nj]);
+      }
+    } else {
+#pragma unroll
+      for (int k4 = 0; k4 < BK; k4 += 4) {
+        const float4 w0 = *reinterpret_cast<const float4*>(&bs[stage][k4][tx * 4]);
+        const float4 w1 = *reinterpret_cast<const float4*>(&bs[stage][k4 + 1][tx * 4]);
+        const float4 w2 = *reinterpret_cast<const float4*>(&bs[stage][k4 + 2][tx * 4]);
+        const float4 w3 = *reinterpret_cast<const float4*>(&bs[stage][k4 + 3][tx * 4]);
+#pragma unroll
+        for (int i = 0; i < TM; ++i) {
+          const float4 a = *reinterpret_cast<const float4*>(&as[stage][ty + 16 * i][k4]);
+          fma_row(acc[i], a.x, w0);
+          fma_row(acc[i], a.y, w1);
+          fma_row(acc[i], a.z, w2);
+          fma_row(acc[i], a.w, w3);
+        }
       }
     }
     if constexpr (FOLD) {
@@ -589,17 +645,35 @@ __device__ __forceinline__ void conv_gemm_pipe(const Gemm& p, const Batch& b) {
 
   if (!sums.template finish<FOLD>(p, &last_split)) return;
 
+  if constexpr (TF32) {
 #pragma unroll
-  for (int i = 0; i < TM; ++i) store_row4(p, b, m0 + ty + 16 * i, n0 + tx * 4, acc[i]);
+    for (int t = 0; t < TM; ++t) {
+      const int g = m0 + wm + 16 * (t / 4) + group, c = n0 + wn + 8 * (t % 4) + 2 * quad;
+      const float top[2] = {acc[t][0], acc[t][1]}, bottom[2] = {acc[t][2], acc[t][3]};
+      store_cols(p, b, g, c, top);
+      store_cols(p, b, g + 8, c, bottom);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < TM; ++i) store_cols(p, b, m0 + ty + 16 * i, n0 + tx * 4, acc[i]);
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
     conv_gemm_pipe_128(const Gemm p, const Batch b) {
-  conv_gemm_pipe<false>(p, b);
+  conv_gemm_pipe<false, false>(p, b);
 }
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
     conv_gemm_pipe_fold_128(const Gemm p, const Batch b) {
-  conv_gemm_pipe<true>(p, b);
+  conv_gemm_pipe<true, false>(p, b);
+}
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+    conv_gemm_pipe_tf32_128(const Gemm p, const Batch b) {
+  conv_gemm_pipe<false, true>(p, b);
+}
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+    conv_gemm_pipe_tf32_fold_128(const Gemm p, const Batch b) {
+  conv_gemm_pipe<true, true>(p, b);
 }
 
 // The same GEMM for few rows (the transformer at small batches), where the tiled kernel's tile

@@ -104,6 +104,21 @@ pub struct CudaCodecOptions {
     /// Let products that allow it (input read as stored, widths multiples of 16 and 4) use the
     /// pipelined tiled kernel, which gives the same sums bit for bit; off only to compare.
     pub pipelined: bool,
+    /// The arithmetic of the pipelined products (`pipelined` on). [`CodecPrecision::F32`]
+    /// keeps the decode within f32 noise of the CPU reference; [`CodecPrecision::Tf32`] trades
+    /// accuracy for speed (docs/codec.md, "TF32 mode").
+    pub precision: CodecPrecision,
+}
+
+/// How the pipelined products (the decoder's big convolutions) multiply.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum CodecPrecision {
+    /// f32 multiply-adds on the CUDA cores: the same sums as the other f32 kernels.
+    #[default]
+    F32,
+    /// The tensor cores: operands rounded to TF32 (10-bit mantissa), f32 sums. Batch
+    /// invariance still holds (a stream's samples do not depend on what shares its passes).
+    Tf32,
 }
 
 impl Default for CudaCodecOptions {
@@ -116,6 +131,7 @@ impl Default for CudaCodecOptions {
             batch_invariant: true,
             plan_frames: 8,
             pipelined: true,
+            precision: CodecPrecision::F32,
         }
     }
 }
@@ -1016,15 +1032,18 @@ impl Planner<'_> {
 }
 
 /// The tiled GEMM kernels `conv_gemm_{16,32,64,128}` (and the folded `conv_gemm_fold_64`),
-/// the pipelined `conv_gemm_pipe_128` (and `conv_gemm_pipe_fold_128`), and how to shape a
-/// launch of them; the voice encoders (`crate::encoder`) use them too.
+/// the pipelined `conv_gemm_pipe_128` (and `conv_gemm_pipe_fold_128`; their TF32 forms
+/// `conv_gemm_pipe_tf32_*` in [`CodecPrecision::Tf32`]), and how to shape a launch of them; the
+/// voice encoders (`crate::encoder`) use them too.
 pub(crate) struct TiledGemm {
     /// Tile height, function, blocks resident per SM.
     kernels: Vec<(usize, CudaFunction, usize)>,
     /// `conv_gemm_fold_64` and its blocks resident per SM.
     folded: (CudaFunction, usize),
-    /// `conv_gemm_pipe_128` and `conv_gemm_pipe_fold_128`, each with its blocks resident per SM.
+    /// The pipelined kernel and its folded form, each with its blocks resident per SM.
     piped: [(CudaFunction, usize); 2],
+    /// The cost model's price of a multiply-add in `piped`.
+    pipe_per_mac: f64,
     sms: usize,
 }
 
@@ -1038,14 +1057,25 @@ const PIPE_BM: usize = 128;
 /// products, measured from 8 to 128 frames; none in one stream's one-frame pass), which ran
 /// at 20-32 TFLOP/s where the older tiled kernels reached 12-20 (docs/codec.md, session 24).
 const PIPE_PER_MAC: f64 = 0.5;
+/// The same price for the TF32 pipelined kernel: a guess set before the first measurement (the
+/// multiply-adds cost next to nothing on the tensor cores; copying the operands remains).
+const PIPE_TF32_PER_MAC: f64 = 0.25;
 
 impl TiledGemm {
-    pub(crate) fn load(module: &Arc<CudaModule>, sms: usize) -> Result<Self> {
+    pub(crate) fn load(
+        module: &Arc<CudaModule>,
+        sms: usize,
+        precision: CodecPrecision,
+    ) -> Result<Self> {
         let load = |name: String| -> Result<(CudaFunction, usize)> {
             let f = module.load_function(&name)?;
             let resident =
                 f.occupancy_max_active_blocks_per_multiprocessor(GEMM_THREADS, 0, None)?;
             Ok((f, resident as usize))
+        };
+        let tf32 = match precision {
+            CodecPrecision::F32 => "",
+            CodecPrecision::Tf32 => "_tf32",
         };
         Ok(Self {
             kernels: [16, 32, 64, 128]
@@ -1054,20 +1084,23 @@ impl TiledGemm {
                 .collect::<Result<_>>()?,
             folded: load(format!("conv_gemm_fold_{FOLD_BM}"))?,
             piped: [
-                load(format!("conv_gemm_pipe_{PIPE_BM}"))?,
-                load(format!("conv_gemm_pipe_fold_{PIPE_BM}"))?,
+                load(format!("conv_gemm_pipe{tf32}_{PIPE_BM}"))?,
+                load(format!("conv_gemm_pipe{tf32}_fold_{PIPE_BM}"))?,
             ],
+            pipe_per_mac: match precision {
+                CodecPrecision::F32 => PIPE_PER_MAC,
+                CodecPrecision::Tf32 => PIPE_TF32_PER_MAC,
+            },
             sms,
         })
     }
 
-    /// The kernels a plan may pick: every `conv_gemm_{bm}`, and `conv_gemm_pipe_128` where the
-    /// product allows it (`pipe`: its input read as stored, `cin` a multiple of 16 and `n` of 4).
-    /// Tile height, blocks resident per SM, pipelined.
-    fn candidates(&self, pipe: bool) -> impl Iterator<Item = (usize, usize, bool)> + '_ {
-        let piped = pipe.then_some((PIPE_BM, self.piped[0].1, true));
-        self.kernels
-            .iter()
+    /// The kernels a plan may pick: `conv_gemm_{bm}` unless `pipe` is `Always`, and the
+    /// pipelined kernel unless it is `Never`. Tile height, blocks resident per SM, pipelined.
+    fn candidates(&self, pipe: PipeUse) -> impl Iterator<Item = (usize, usize, bool)> + '_ {
+        let piped = (pipe != PipeUse::Never).then_some((PIPE_BM, self.piped[0].1, true));
+        let plain = self.kernels.iter().filter(move |_| pipe != PipeUse::Always);
+        plain
             .map(|&(bm, _, resident)| (bm, resident, false))
             .chain(piped)
     }
@@ -1077,7 +1110,7 @@ impl TiledGemm {
     /// multiply-adds (dearer per multiply-add in short tiles, which reload more operands, and
     /// cheaper in the pipelined kernel), a fixed start-up, and when the depth is split, writing
     /// and re-reading its partial tile.
-    pub(crate) fn plan(&self, m: usize, n: usize, k: usize, pipe: bool) -> GemmKernel {
+    pub(crate) fn plan(&self, m: usize, n: usize, k: usize, pipe: PipeUse) -> GemmKernel {
         let mut best = (f64::INFINITY, 16, false, 1, k.next_multiple_of(GEMM_BK));
         for (bm, resident, piped) in self.candidates(pipe) {
             let tiles = m.div_ceil(bm) * n.div_ceil(GEMM_BN);
@@ -1107,7 +1140,7 @@ impl TiledGemm {
     /// A launch that keeps a given depth split (batch-invariant plans fix the split): folded
     /// when its tiles alone make one and a half waves of blocks or more (128-row pipelined
     /// tiles where `pipe` allows, else 64-row ones), else split across blocks at the cheapest
-    /// kernel. Measured on an H100 for the 64-row tiles (docs/codec.md): folding took 8-31% off
+    /// kernel `pipe` allows. Measured on an H100 for the 64-row tiles (docs/codec.md): folding took 8-31% off
     /// every product of the codec whose folded grid had 768 tiles or more; with fewer tiles the
     /// split launch's many blocks keep more SMs busy, and folding cost up to 3.4x (256 rows).
     /// The pipelined tiles follow the same rule, not measured on its own.
@@ -1117,7 +1150,7 @@ impl TiledGemm {
         n: usize,
         k_split: usize,
         splits: usize,
-        pipe: bool,
+        pipe: PipeUse,
     ) -> GemmKernel {
         let waves = |bm: usize, resident: usize| {
             2 * m.div_ceil(bm) * n.div_ceil(GEMM_BN) >= 3 * resident * self.sms
@@ -1129,10 +1162,10 @@ impl TiledGemm {
             k_split,
             fold: true,
         };
-        if splits > 1 && pipe && waves(PIPE_BM, self.piped[1].1) {
+        if splits > 1 && pipe != PipeUse::Never && waves(PIPE_BM, self.piped[1].1) {
             return folded(PIPE_BM, true);
         }
-        if splits > 1 && waves(FOLD_BM, self.folded.1) {
+        if splits > 1 && pipe != PipeUse::Always && waves(FOLD_BM, self.folded.1) {
             return folded(FOLD_BM, false);
         }
         let (bm, pipe) = self
@@ -1167,7 +1200,7 @@ impl TiledGemm {
         let tiles = m.div_ceil(bm) * n.div_ceil(GEMM_BN);
         let slots = (resident * self.sms).max(1);
         let per_mac = match bm {
-            _ if pipe => PIPE_PER_MAC,
+            _ if pipe => self.pipe_per_mac,
             128 => 1.0,
             64 => 1.2,
             32 => 1.5,
@@ -1220,6 +1253,19 @@ struct Kernels {
     attention: CudaFunction,
     dwnorm: CudaFunction,
     final_conv: CudaFunction,
+}
+
+/// Which tiled kernels a product may run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PipeUse {
+    /// `conv_gemm_*` only (the product's input is normed or activated on load, or its widths
+    /// do not allow 16-byte copies).
+    Never,
+    /// Any: in f32 they all give the same bits.
+    Allowed,
+    /// The pipelined kernel only: its TF32 sums differ from the f32 kernels', so a
+    /// batch-invariant plan that picked it keeps it on passes of every size.
+    Always,
 }
 
 /// How one GEMM launch is shaped.
@@ -1376,7 +1422,7 @@ impl CudaCodec {
         let kernels = Kernels {
             history: module.load_function("history")?,
             rvq: module.load_function("rvq_lookup")?,
-            gemm: TiledGemm::load(&module, sms as usize)?,
+            gemm: TiledGemm::load(&module, sms as usize, options.precision)?,
             skinny: [4, 16]
                 .into_iter()
                 .map(|rows| {
@@ -1562,7 +1608,7 @@ impl CudaCodec {
     /// [`TiledGemm::plan`] shapes it. One frame has a handful of rows against megabytes of
     /// weights: short tiles, deep splits so every SM streams weights. Sixteen streams have
     /// thousands of rows: tall tiles, few splits.
-    fn gemm_plan(&self, m: usize, n: usize, k: usize, pipe: bool) -> GemmKernel {
+    fn gemm_plan(&self, m: usize, n: usize, k: usize, pipe: PipeUse) -> GemmKernel {
         if m <= self.options.skinny_rows {
             // Enough depth splits to fill the GPU once, each streaming at least
             // SKINNY_MIN_SPLIT_DEPTH weight rows, within the split scratch.
@@ -1598,10 +1644,14 @@ impl CudaCodec {
         let k = g.taps * g.input.width;
         // The pipelined kernel copies its operands as stored, 16 bytes at a time, one tap per
         // depth chunk.
-        let pipe = self.options.pipelined
+        let pipe = match self.options.pipelined
             && matches!(g.act, Act::None)
             && g.input.width.is_multiple_of(GEMM_BK)
-            && g.n.is_multiple_of(4);
+            && g.n.is_multiple_of(4)
+        {
+            true => PipeUse::Allowed,
+            false => PipeUse::Never,
+        };
         if !self.options.batch_invariant {
             return self.gemm_plan(m, g.n, k, pipe);
         }
@@ -1614,8 +1664,18 @@ impl CudaCodec {
                 k_split,
             },
             GemmKernel::Tiled {
-                splits, k_split, ..
-            } => self.kernels.gemm.keep_split(m, g.n, k_split, splits, pipe),
+                splits,
+                k_split,
+                pipe: planned,
+                ..
+            } => {
+                let pipe = match (self.options.precision, planned) {
+                    (CodecPrecision::F32, _) => pipe,
+                    (CodecPrecision::Tf32, true) => PipeUse::Always,
+                    (CodecPrecision::Tf32, false) => PipeUse::Never,
+                };
+                self.kernels.gemm.keep_split(m, g.n, k_split, splits, pipe)
+            }
         }
     }
 
@@ -2034,7 +2094,11 @@ impl CudaCodec {
 
 impl CodecBackend for CudaCodec {
     fn name(&self) -> String {
-        format!("cuda codec ({}, f32)", self.device_name)
+        let precision = match self.options.precision {
+            CodecPrecision::Tf32 if self.options.pipelined => "tf32",
+            _ => "f32",
+        };
+        format!("cuda codec ({}, {precision})", self.device_name)
     }
 
     fn samples_per_frame(&self) -> usize {

@@ -29,7 +29,7 @@ pub mod runtime;
 pub mod weights;
 
 pub use backend::{CudaBackend, CudaOptions, PhaseMark};
-pub use codec::{CudaCodec, CudaCodecOptions};
+pub use codec::{CodecPrecision, CudaCodec, CudaCodecOptions};
 pub use encoder::CudaVoiceEncoder;
 pub use layout::{MAX_BATCH, PHASE_NAMES, PHASE_TALKER};
 pub use runtime::driver_available;

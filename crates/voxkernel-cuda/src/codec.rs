@@ -1058,7 +1058,9 @@ const PIPE_BM: usize = 128;
 /// at 20-32 TFLOP/s where the older tiled kernels reached 12-20 (docs/codec.md, session 24).
 const PIPE_PER_MAC: f64 = 0.5;
 /// The same price for the TF32 pipelined kernel: a guess set before the first measurement (the
-/// multiply-adds cost next to nothing on the tensor cores; copying the operands remains).
+/// multiply-adds cost next to nothing on the tensor cores; copying the operands remains). With
+/// it the plans give the TF32 kernel 18 of a pass's 85 launches at every shape measured, and a
+/// call took 15-26% less than in f32 on an H100 (docs/codec.md, "TF32 mode").
 const PIPE_TF32_PER_MAC: f64 = 0.25;
 
 impl TiledGemm {
@@ -1140,9 +1142,10 @@ impl TiledGemm {
     /// A launch that keeps a given depth split (batch-invariant plans fix the split): folded
     /// when its tiles alone make one and a half waves of blocks or more (128-row pipelined
     /// tiles where `pipe` allows, else 64-row ones), else split across blocks at the cheapest
-    /// kernel `pipe` allows. Measured on an H100 for the 64-row tiles (docs/codec.md): folding took 8-31% off
-    /// every product of the codec whose folded grid had 768 tiles or more; with fewer tiles the
-    /// split launch's many blocks keep more SMs busy, and folding cost up to 3.4x (256 rows).
+    /// kernel `pipe` allows. Measured on an H100 for the 64-row tiles (docs/codec.md): folding
+    /// took 8-31% off every product of the codec whose folded grid had 768 tiles or more; with
+    /// fewer tiles the split launch's many blocks keep more SMs busy, and folding cost up to
+    /// 3.4x (256 rows).
     /// The pipelined tiles follow the same rule, not measured on its own.
     pub(crate) fn keep_split(
         &self,
@@ -1639,7 +1642,7 @@ impl CudaCodec {
     /// The launch shape of `g` over `m` rows. Batch-invariant: the kind of kernel (few-rows or
     /// tiled) and the depth split come from the rows of `plan_frames` frames, and only the tiled
     /// kernel itself (its tile height, pipelined or not, folded or not) follows `m`: all of them
-    /// add a row's products in the same order.
+    /// add a row's products in the same order. Under TF32 whether it is pipelined is fixed too.
     fn op_plan(&self, g: &GemmOp, m: usize) -> GemmKernel {
         let k = g.taps * g.input.width;
         // The pipelined kernel copies its operands as stored, 16 bytes at a time, one tap per

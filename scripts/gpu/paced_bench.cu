@@ -35,13 +35,6 @@
 extern __shared__ __align__(128) unsigned char dsm[];
 constexpr int PIECE = 2048;                      // bytes per bulk copy
 __constant__ int KB2[5] = {2, 0, 1, 3, 2};       // 2 KB pieces per warp in each step of a layer
-__device__ __forceinline__ bool try_wait(u32 bar, u32 parity) {
-  u32 ok;
-  asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-               : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
-  return ok;
-}
-__device__ __forceinline__ void wait_bar(u32 bar, u32 parity) { while (!try_wait(bar, parity)) {} }
 __device__ __forceinline__ void issue_piece(u32 bar, unsigned char* dst, const unsigned char* src) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(PIECE) : "memory");
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"

@@ -1,4 +1,4 @@
-// voxkernel frame megakernel (version 1.15: phases chained by tagged words, no grid barriers; o,
+// voxkernel frame megakernel (version 1.16: phases chained by tagged words, no grid barriers; o,
 // down and gate|up tasks shared by warp pairs; V appended by a warp of its own; norm weights
 // loaded before the wait; a sampler with two barriers per radix round; the predictor's first
 // two positions in one pass; one exp per warp state in the attention's merge; matvec inputs in
@@ -8,7 +8,7 @@
 // the flat collect out of line; the talker's attention chunks counted by one acquire-release
 // increment; the block argmax's warp results reduced by one warp; a wide build for launches of
 // up to eight sequences; exchanged words polled two per load, the rows of every sequence of a
-// launch at once).
+// launch at once; each product's first batch asked of L2 at the tail of the product before).
 //
 // One cooperative launch advances up to MAX_B sequences (the solo build: one) by one audio
 // frame:
@@ -569,6 +569,35 @@ __device__ FirstChunks first_chunks(const bf16_t* W, int rows, int K, int split 
   return f;
 }
 
+// A warp's part of first_chunks(W, rows, K, split, pair), to be asked of L2 at the tail of the
+// product before (when the warp issues the last batch of its stream): a warp's loads are answered
+// in the order it issued them (scripts/gpu/poll_bench.cu), so there the request stands behind
+// nothing that waits for it, and the next phase's preload finds its bytes in L2, which holds the
+// polls issued after it for an L2 round trip instead of an HBM burst. One lane per 128-byte
+// line asks: `at` is that lane's first chunk (null for the other lanes, or without a row), `n`
+// the chunks from it to the row's end of the warp's part.
+struct Prefetch {
+  const uint4* at;
+  int n;
+};
+
+__device__ Prefetch prefetch_of(const bf16_t* W, int rows, int K, int split = 1, int pair = 0) {
+  const int r = split_row(warp_task(0, rows, split), split, pair), lane = tid() & 31;
+  const int2 c = warp_chunks(K >> 3, pair > 0 ? 1 : split);
+  Prefetch f;
+  f.at = r < 0 || (lane & 7) != 0 ? nullptr
+                                  : reinterpret_cast<const uint4*>(W + (size_t)r * K) + c.x + lane;
+  f.n = c.y - c.x - lane;
+  return f;
+}
+
+__device__ __forceinline__ void prefetch_l2(const Prefetch& f) {
+  if (!f.at) return;
+#pragma unroll
+  for (int j = 0; j < MATVEC_DEPTH; j++)
+    if (32 * j < f.n) asm volatile("prefetch.global.L2 [%0];" ::"l"(f.at + 32 * j) : "memory");
+}
+
 // Every warp of the grid takes whole tasks: task t is output row t, y[b][t] = W[t] . xs[b] (xs
 // in planes: plane_index), and with `pair` > 0 also row t + pair (gate and up rows of one
 // SiLU * up output; pairs need SPLIT 2); tasks are dealt by warp_task. K must be a multiple of 8
@@ -581,9 +610,11 @@ __device__ FirstChunks first_chunks(const bf16_t* W, int rows, int K, int split 
 // a pair one row each): the odd warp hands its sum to the even one through `pair_sums` (2 *
 // WARPS * MAX_B shared words; the host sizes the work area for them), which adds it to its own
 // (or takes it as the pair's second row) and emits. The per-sequence loops are NB (>= nb) wide.
+// `next` (prefetch_of the product that follows) is asked of L2 as the warp issues its last batch.
 template <int SPLIT = 1, int NB = MAX_B, typename Emit>
 __device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const float* xs, int nb,
-                             const FirstChunks& first, Emit emit, float* pair_sums = nullptr) {
+                             const FirstChunks& first, Emit emit, float* pair_sums = nullptr,
+                             Prefetch next = Prefetch{nullptr, 0}) {
   const int lane = tid() & 31;
   const int2 c = warp_chunks(K >> 3, pair > 0 ? 1 : SPLIT);
   const int k8 = c.y;  // the warp's chunks of a row end here
@@ -613,6 +644,7 @@ __device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const 
     }
     uint4 nxt[MATVEC_DEPTH];
     load(nxt, nr, nb0);
+    if (nr < 0) prefetch_l2(next);
 #pragma unroll
     for (int j = 0; j < MATVEC_DEPTH; j++) {
       const int i = b0 + lane + 32 * j;
@@ -669,9 +701,10 @@ __device__ void matvec_tasks(const bf16_t* W, int tasks, int pair, int K, const 
 
 template <int NB = MAX_B, typename Emit>
 __device__ void matvec(const bf16_t* W, int rows, int K, const float* xs, int nb,
-                       const FirstChunks& first, Emit emit) {
-  matvec_tasks<1, NB>(W, rows, 0, K, xs, nb, first,
-                      [&](int b, int r, float v, float) { emit(b, r, v); });
+                       const FirstChunks& first, Emit emit, Prefetch next = Prefetch{nullptr, 0}) {
+  matvec_tasks<1, NB>(
+      W, rows, 0, K, xs, nb, first, [&](int b, int r, float v, float) { emit(b, r, v); }, nullptr,
+      next);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -962,7 +995,7 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
 template <int NB>
 __device__ void residual_product(const Params& p, int H, const bf16_t* W, int K, const u64* in,
                                  int stride, u32 tag_in, int nb, const FirstChunks& first,
-                                 int ex_out) {
+                                 int ex_out, Prefetch next) {
   float* xs = sm_xs();
   const float* xr = sm_xr(p);
   if (has_rows(H)) {
@@ -976,7 +1009,7 @@ __device__ void residual_product(const Params& p, int H, const bf16_t* W, int K,
         publish(x_buffer(p, 0) + (size_t)b * p.max_hidden + r, xr[b * H + r] + v,
                 tag_of(p, ex_out));
       },
-      sm_work(p));
+      sm_work(p), next);
 }
 
 // Whether the first predictor pass also takes the second's rows (codebook 0's embedding at
@@ -1010,9 +1043,12 @@ __device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int
 
   // input norm, q|k|v
   if (has_rows(rows)) collect_x_norm(p, in, nb, H, lw.in_norm, s.eps, xr, xs);
-  matvec<NB>(lw.qkv, rows, H, xs, nb, first_qkv, [&](int b, int r, float v) {
-    publish(p.qkv + (size_t)b * p.max_qkv + r, v, tag_of(p, ex + LX_QKV));
-  });
+  matvec<NB>(
+      lw.qkv, rows, H, xs, nb, first_qkv,
+      [&](int b, int r, float v) {
+        publish(p.qkv + (size_t)b * p.max_qkv + r, v, tag_of(p, ex + LX_QKV));
+      },
+      prefetch_of(lw.o, H, qw, 2));
   end_phase(p, stack | PH_QKV);
 
   // The fused first pass: a (sequence, kv head) block appends and attends position 0, then 1,
@@ -1025,7 +1061,7 @@ __device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int
 
   FirstChunks first = first_chunks(lw.o, H, qw, 2);
   residual_product<NB>(p, H, lw.o, qw, p.attn, p.max_q, tag_of(p, ex + LX_ATTN), nb, first,
-                       ex + LX_O);
+                       ex + LX_O, prefetch_of(lw.gate_up, inter, H, 2, inter));
   end_phase(p, stack | PH_O);
 
   // post-attention norm, gate and up rows in pairs: SiLU(gate) * up
@@ -1037,12 +1073,14 @@ __device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int
         publish(p.act + (size_t)b * p.max_inter + t, gt / (1.f + expf(-gt)) * up,
                 tag_of(p, ex + LX_ACT));
       },
-      sm_work(p));
+      sm_work(p), prefetch_of(lw.down, H, inter, 2));
   end_phase(p, stack | PH_GATE_UP);
 
   first = first_chunks(lw.down, H, inter, 2);
   residual_product<NB>(p, H, lw.down, inter, p.act, p.max_inter, tag_of(p, ex + LX_ACT), nb,
-                       first, ex + LX_DOWN);
+                       first, ex + LX_DOWN,
+                       layer + 1 < s.n_layers ? prefetch_of(s.layers[layer + 1].qkv, rows, H)
+                                              : Prefetch{nullptr, 0});
   end_phase(p, stack | PH_DOWN);
   if (layer + 1 < s.n_layers) first = first_chunks(s.layers[layer + 1].qkv, rows, H);
   return first;

@@ -1647,13 +1647,14 @@ impl CudaCodec {
         let k = g.taps * g.input.width;
         // The pipelined kernel copies its operands as stored, 16 bytes at a time, one tap per
         // depth chunk.
-        let pipe = match self.options.pipelined
+        let pipe = if self.options.pipelined
             && matches!(g.act, Act::None)
             && g.input.width.is_multiple_of(GEMM_BK)
             && g.n.is_multiple_of(4)
         {
-            true => PipeUse::Allowed,
-            false => PipeUse::Never,
+            PipeUse::Allowed
+        } else {
+            PipeUse::Never
         };
         if !self.options.batch_invariant {
             return self.gemm_plan(m, g.n, k, pipe);

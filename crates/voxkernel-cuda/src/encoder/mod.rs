@@ -287,13 +287,15 @@ fn launch_config(blocks: usize, threads: u32, smem: usize) -> LaunchConfig {
 }
 
 impl Gpu {
-    fn new() -> Result<Self> {
+    /// `precision`: the tiled GEMM's pipelined kernels (the encoders run f32; the TF32 form is
+    /// loaded only to test the codec's kernels).
+    fn new(precision: CodecPrecision) -> Result<Self> {
         let ctx = runtime::open_device()?;
         let stream = ctx.new_stream().context("creating the encoder stream")?;
         let module = runtime::load_source(&ctx, "codec", runtime::CODEC_SOURCE)?;
         let sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let kernels = Kernels {
-            gemm: TiledGemm::load(&module, sms as usize, CodecPrecision::F32)?,
+            gemm: TiledGemm::load(&module, sms as usize, precision)?,
             gather: module.load_function("gather_rows")?,
             layer_norm: module.load_function("layer_norm")?,
             rope: module.load_function("rope_qk")?,
@@ -533,7 +535,7 @@ pub struct CudaVoiceEncoder {
 impl CudaVoiceEncoder {
     /// Loads both encoders (f32) from a Base checkpoint, compiling the kernels on first use.
     pub fn from_checkpoint(checkpoint: &Checkpoint) -> Result<Self> {
-        let gpu = Gpu::new()?;
+        let gpu = Gpu::new(CodecPrecision::F32)?;
         let device_name = gpu
             .stream
             .context()
@@ -601,7 +603,7 @@ mod tests {
     #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
     fn folded_and_pipelined_depth_splits_equal_the_split_launch_bit_for_bit() {
         assert!(runtime::driver_available(), "this test needs a CUDA driver");
-        let gpu = Gpu::new().unwrap();
+        let gpu = Gpu::new(CodecPrecision::F32).unwrap();
         // (tile height, pipelined, folded); the first is the reference.
         let plain = [(64, false, false), (64, false, true)];
         let piped = [(128, true, false), (128, true, true)];
@@ -623,13 +625,7 @@ mod tests {
     #[ignore = "needs a CUDA GPU: run with --include-ignored on the GPU machine"]
     fn tf32_depth_splits_equal_the_split_launch_bit_for_bit_and_the_product_to_tf32_accuracy() {
         assert!(runtime::driver_available(), "this test needs a CUDA driver");
-        let mut gpu = Gpu::new().unwrap();
-        let ctx = runtime::open_device().unwrap();
-        let module = runtime::load_source(&ctx, "codec", runtime::CODEC_SOURCE).unwrap();
-        let sms = ctx
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .unwrap();
-        gpu.kernels.gemm = TiledGemm::load(&module, sms as usize, CodecPrecision::Tf32).unwrap();
+        let gpu = Gpu::new(CodecPrecision::Tf32).unwrap();
         same_bits_as_the_split_launch(&gpu, 96, &[(128, true, false), (128, true, true)], 2e-3);
     }
 

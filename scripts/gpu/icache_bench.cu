@@ -1,5 +1,5 @@
 // How fast a warp runs straight-line code that the SM's instruction caches do not hold
-// (kernel notes, "Session 31"). A one-warp poller in the frame kernel spent ~3 us on ~600
+// (kernel notes, "Version 1.17"). A one-warp poller in the frame kernel spent ~3 us on ~600
 // unrolled instructions after its words had arrived, and sessions 12-20 found that where code
 // sits moves the frame with no memory-side cause. If a lone warp's cost per instruction grows
 // with the size of the code a loop walks, instruction fetch is on the frame's critical path.

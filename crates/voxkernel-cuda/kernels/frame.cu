@@ -1,4 +1,4 @@
-// voxkernel frame megakernel (version 1.16: phases chained by tagged words, no grid barriers; o,
+// voxkernel frame megakernel (version 1.17: phases chained by tagged words, no grid barriers; o,
 // down and gate|up tasks shared by warp pairs; V appended by a warp of its own; norm weights
 // loaded before the wait; a sampler with two barriers per radix round; the predictor's first
 // two positions in one pass; one exp per warp state in the attention's merge; matvec inputs in
@@ -8,7 +8,9 @@
 // the flat collect out of line; the talker's attention chunks counted by one acquire-release
 // increment; the block argmax's warp results reduced by one warp; a wide build for launches of
 // up to eight sequences; exchanged words polled two per load, the rows of every sequence of a
-// launch at once; each product's first batch asked of L2 at the tail of the product before).
+// launch at once; each product's first batch asked of L2 at the tail of the product before;
+// normed inputs read and written in pairs, no integer division between a phase's inputs and its
+// products).
 //
 // One cooperative launch advances up to MAX_B sequences (the solo build: one) by one audio
 // frame:
@@ -407,6 +409,7 @@ __device__ __forceinline__ int x_words(int slot, int exchange) { return (slot <<
 extern __shared__ float smem[];
 __device__ __forceinline__ float* sm_xs() { return smem; }
 __device__ __forceinline__ float* sm_xr(const Params& p) { return smem + p.smem_x_floats; }
+// (16-byte aligned: smem_x_floats is 4 or 8 rows of max_k floats, MAX_B is even, max_hidden even)
 __device__ __forceinline__ float* sm_red(const Params& p) {
   return smem + p.smem_x_floats + MAX_B * p.max_hidden;
 }
@@ -487,10 +490,15 @@ __device__ void collect_x_norm(const Params& p, int in, int nb, int n, const bf1
   collect_x_rows(p, in, nb, n, xr);
   for (int b = 0; b < nb; b++) {
     float ss = 0.f;
+    // (a thread's elements come in adjacent pairs, read as one: conflict-free)
 #pragma unroll
-    for (int j = 0; j < NORM_REGS; j++) {
+    for (int j = 0; j < NORM_REGS; j += 2) {
       const int i = row_element(tid(), j);
-      if (i < n) ss += xr[b * n + i] * xr[b * n + i];
+      if (i < n) {
+        const float2 x = *reinterpret_cast<const float2*>(xr + b * n + i);
+        ss += x.x * x.x;
+        ss += x.y * x.y;
+      }
     }
     ss = warp_sum(ss);
     if (lane == 0) red[b * WARPS + warp] = ss;
@@ -500,12 +508,23 @@ __device__ void collect_x_norm(const Params& p, int in, int nb, int n, const bf1
   for (int b = 0; b < nb; b++) {
     float total = 0.f;
 #pragma unroll
-    for (int k = 0; k < WARPS; k++) total += red[b * WARPS + k];
+    for (int k = 0; k < WARPS; k += 4) {  // (red is 16-byte aligned: sm_red)
+      const float4 r4 = *reinterpret_cast<const float4*>(red + b * WARPS + k);
+      total += r4.x;
+      total += r4.y;
+      total += r4.z;
+      total += r4.w;
+    }
     const float r = rsqrtf(total / (float)n + eps);
+    // (an even element and its successor are adjacent in the planes too: plane_index)
 #pragma unroll
-    for (int j = 0; j < NORM_REGS; j++) {
+    for (int j = 0; j < NORM_REGS; j += 2) {
       const int i = row_element(tid(), j);
-      if (i < n) xs[b * n + plane_index(i, n)] = wv[j] * (xr[b * n + i] * r);
+      if (i < n) {
+        const float2 x = *reinterpret_cast<const float2*>(xr + b * n + i);
+        *reinterpret_cast<float2*>(xs + b * n + plane_index(i, n)) =
+            make_float2(wv[j] * (x.x * r), wv[j + 1] * (x.y * r));
+      }
     }
   }
   __syncthreads();
@@ -524,7 +543,8 @@ __device__ __forceinline__ int warp_task(int k, int tasks, int split) {
 
 // The chunks [lo, hi) of a row of k8 chunks this warp takes under `split`.
 __device__ __forceinline__ int2 warp_chunks(int k8, int split) {
-  const int per = (k8 + split - 1) / split, part = (tid() >> 5) % split;
+  // (split is 1 or 2, at run time for gate|up: no integer division on the way to the products)
+  const int per = split == 2 ? (k8 + 1) >> 1 : k8, part = split == 2 ? (tid() >> 5) & 1 : 0;
   const int lo = min(k8, part * per);
   return make_int2(lo, min(k8, lo + per));
 }
@@ -757,6 +777,7 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
                           const int* pos_of, int back, float* work, int chunks, u32 t_qkv,
                           u32 t_attn) {
   const int hd = s.head_dim, half = hd / 2, gs = s.n_heads / s.n_kv;
+  const int hd_log = 31 - __clz(hd);  // (head_dim is a power of two: the host checks)
   const int q_width = s.n_heads * hd, kv_width = s.n_kv * hd;
   const int warp = tid() >> 5, lane = tid() & 31;
   float* vec = work;                             // [gs + 1][hd]: k, then the group's q heads
@@ -916,7 +937,7 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
       __syncthreads();
 #endif
       for (int e = tid(); e < nq * hd; e += THREADS) {
-        const int qi = e / hd, i = e % hd;
+        const int qi = e >> hd_log, i = e & (hd - 1);
         const float* ql = wl + qi * WARPS;
         float denom = 0.f, num = 0.f;
 #if SOLO
@@ -970,7 +991,7 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
       __syncthreads();
       if (*last) {
         for (int e = tid(); e < gs * hd; e += THREADS) {
-          const int head = g * gs + e / hd, i = e % hd;
+          const int head = g * gs + (e >> hd_log), i = e & (hd - 1);
           const float* part =
               p.attn_part + (size_t)b * p.attn_part_stride + (size_t)head * chunks * (hd + 2);
           float big = NEG_INF;

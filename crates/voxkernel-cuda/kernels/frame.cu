@@ -777,7 +777,7 @@ __device__ void attention(const Params& p, const Stack& s, int layer, int nb, co
                           const int* pos_of, int back, float* work, int chunks, u32 t_qkv,
                           u32 t_attn) {
   const int hd = s.head_dim, half = hd / 2, gs = s.n_heads / s.n_kv;
-  const int hd_log = 31 - __clz(hd);  // (head_dim is a power of two: the host checks)
+  const int hd_log = 31 - __clz(hd);  // (head_dim is a power of two: src/weights.rs)
   const int q_width = s.n_heads * hd, kv_width = s.n_kv * hd;
   const int warp = tid() >> 5, lane = tid() & 31;
   float* vec = work;                             // [gs + 1][hd]: k, then the group's q heads

@@ -325,12 +325,6 @@ impl CudaBackend {
                 st.q_width(),
                 st.inter
             );
-            // The attention splits a head's elements from their index by shifts.
-            ensure!(
-                st.head_dim.is_power_of_two(),
-                "the frame kernel needs the {name}'s head_dim ({}) to be a power of two",
-                st.head_dim
-            );
             // attention: warp 0 takes the kv head, one warp each q head of its group, the next V
             let group = st.n_heads / st.n_kv;
             ensure!(

@@ -160,9 +160,11 @@ impl Geometry {
                     "{name}.{field} = {width}: the CUDA backend needs a positive multiple of 8"
                 );
             }
+            // (a power of two: the frame kernel's attention splits a head's elements by shifts)
             ensure!(
-                s.head_dim.is_multiple_of(2) && s.head_dim <= MAX_HEAD_DIM,
-                "{name}.head_dim = {}: the CUDA backend supports even head_dim up to {MAX_HEAD_DIM}",
+                s.head_dim.is_power_of_two() && (2..=MAX_HEAD_DIM).contains(&s.head_dim),
+                "{name}.head_dim = {}: the CUDA backend supports a power of two from 2 to \
+                 {MAX_HEAD_DIM}",
                 s.head_dim
             );
             ensure!(
@@ -456,6 +458,49 @@ impl DeviceWeights {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn stack(head_dim: usize) -> StackGeometry {
+        StackGeometry {
+            hidden: 1024,
+            inter: 3072,
+            n_heads: 16,
+            n_kv: 8,
+            head_dim,
+            layers: 5,
+            eps: 1e-6,
+            rope_theta: 1e6,
+        }
+    }
+
+    fn geometry(talker_head_dim: usize, cp_head_dim: usize) -> Geometry {
+        Geometry {
+            talker: stack(talker_head_dim),
+            cp: stack(cp_head_dim),
+            vocab: 3072,
+            cp_vocab: 2048,
+            groups: voxkernel_core::backend::NUM_CODE_GROUPS,
+            text_vocab: 151_936,
+            text_hidden: 2048,
+            text_inter: 2048,
+            has_projection: false,
+            eos_id: 2150,
+        }
+    }
+
+    #[test]
+    fn head_dim_must_be_a_power_of_two_the_kernel_supports() {
+        geometry(128, 128).validate().unwrap();
+        geometry(64, 128).validate().unwrap();
+        for (talker, cp, field) in [
+            (128, 96, "code_predictor_config.head_dim = 96"),
+            (96, 128, "talker_config.head_dim = 96"),
+            (256, 128, "talker_config.head_dim = 256"),
+        ] {
+            let err = geometry(talker, cp).validate().unwrap_err().to_string();
+            assert!(err.contains(field), "{err}");
+            assert!(err.contains("a power of two from 2 to 128"), "{err}");
+        }
+    }
 
     #[test]
     fn rope_table_holds_cos_and_sin_of_each_position_angle() {

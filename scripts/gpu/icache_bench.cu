@@ -12,6 +12,7 @@
 // On the GPU machine: nvcc -O3 -arch=sm_90a -o /tmp/icache_bench scripts/gpu/icache_bench.cu
 // && /tmp/icache_bench
 #include <cstdio>
+#include "bench_words.cuh"
 
 constexpr int WARPS = 16, FMAS = 256, ITERS = 6;
 
@@ -34,12 +35,6 @@ template <int N>
 struct Walk<N, N> {
   __device__ __forceinline__ static void run(float (&)[8]) {}
 };
-
-__device__ __forceinline__ long long now() {
-  long long c;
-  asm volatile("mov.u64 %0, %%clock64;" : "=l"(c)::"memory");
-  return c;
-}
 
 // out[block * ITERS + i]: cycles of pass i, measured by the walking warp (warp 15's lane 0).
 template <int REGIONS>

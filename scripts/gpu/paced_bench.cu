@@ -43,7 +43,6 @@ __device__ __forceinline__ void issue_piece(u32 bar, unsigned char* dst, const u
 __device__ __forceinline__ void prefetch_l2(const unsigned char* src, u32 bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 }
-__device__ __forceinline__ long long now() { long long c; asm volatile("mov.u64 %0, %%clock64;" : "=l"(c)); return c; }
 
 __global__ void __launch_bounds__(544, 1) layers(u64* words, int steps, u32 epoch, const unsigned char* W,
                                                  size_t wbytes, int mode, int slots, long long interval,

@@ -41,11 +41,6 @@ extern __shared__ __align__(128) unsigned char dsm[];
 constexpr int WARPS = 16;
 constexpr int ITERS = 220, WARMUP = 20;
 
-__device__ __forceinline__ long long now() {
-  long long c;
-  asm volatile("mov.u64 %0, %%clock64;" : "=l"(c));
-  return c;
-}
 __device__ __forceinline__ u64 gtimer() {
   u64 t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

@@ -1,4 +1,4 @@
-// voxkernel frame megakernel (version 1.17: phases chained by tagged words, no grid barriers; o,
+// voxkernel frame megakernel (version 1.18: phases chained by tagged words, no grid barriers; o,
 // down and gate|up tasks shared by warp pairs; V appended by a warp of its own; norm weights
 // loaded before the wait; a sampler with two barriers per radix round; the predictor's first
 // two positions in one pass; one exp per warp state in the attention's merge; matvec inputs in
@@ -10,7 +10,7 @@
 // up to eight sequences; exchanged words polled two per load, the rows of every sequence of a
 // launch at once; each product's first batch asked of L2 at the tail of the product before;
 // normed inputs read and written in pairs, no integer division between a phase's inputs and its
-// products).
+// products; profile marks inside the predictor's sampler).
 //
 // One cooperative launch advances up to MAX_B sequences (the solo build: one) by one audio
 // frame:
@@ -77,6 +77,12 @@ __constant__ int frame_sequences = SOLO ? 1 : MAX_B;
 #define PH_DOWN 6
 #define PH_HEAD 7
 #define PH_SAMPLE 8
+// Marks inside a predictor pass's sample phase, before its own: the top-k threshold found, the
+// noise and draw loop done (with top-p, its filter too), the block argmax done (the phase's mark
+// then ends the publication of the next input).
+#define PH_SELECT 9
+#define PH_DRAW 10
+#define PH_ARGMAX 11
 #define PH_TALKER 16
 // Or'ed into a mark recorded once a phase's inputs have all arrived (the phase it belongs to is
 // the next one that ends): the profile splits each phase into its wait and the rest.
@@ -1353,12 +1359,15 @@ __device__ void top_p_filter(float* v, int n, u32 threshold, float top_p, u32* c
 // uniform per (index, stream)), or argmax. `v` holds the processed logits in shared memory,
 // already divided by the temperature when sampling, and top-p overwrites it; `hist` has
 // HIST_WORDS words, its 256 bins zero, and `scratch` 2n (top-p only).
-__device__ int sample_logits(float* v, int n, const Sampler& sp, u32 seed_lo, u32 seed_hi,
-                             u32 stream_a, u32 stream_b, float* redf, int* redi, u32* hist,
-                             float* scratch) {
+__device__ int sample_logits(const Params& p, float* v, int n, const Sampler& sp, u32 seed_lo,
+                             u32 seed_hi, u32 stream_a, u32 stream_b, float* redf, int* redi,
+                             u32* hist, float* scratch) {
+  // (a predictor pass's stream_b is its group, 1..15; the talker's is 0)
+  const bool mark = stream_b != 0 && p.marks && bid() == 0 && tid() == 0;
   if (!sp.do_sample) return block_argmax(v, n, redf, redi);
   u32 threshold = 0;
   if (sp.top_k > 0 && sp.top_k < n) threshold = kth_largest_key(v, n, sp.top_k, hist, hist + 256);
+  if (mark) record_mark(p.marks, p.max_marks, PH_SELECT);
   if (sp.top_p < 1.f) top_p_filter(v, n, threshold, sp.top_p, hist, scratch);
   float best = NEG_INF;
   int bi = 0x7fffffff;
@@ -1377,7 +1386,10 @@ __device__ int sample_logits(float* v, int n, const Sampler& sp, u32 seed_lo, u3
       bi = i;
     }
   }
-  return block_argmax_of(best, bi, redf, redi);
+  if (mark) record_mark(p.marks, p.max_marks, PH_DRAW);
+  const int drawn = block_argmax_of(best, bi, redf, redi);
+  if (mark) record_mark(p.marks, p.max_marks, PH_ARGMAX);
+  return drawn;
 }
 
 // The sampling area of `work`: the logits (n), then the radix histogram, cleared here (before the
@@ -1418,8 +1430,8 @@ __device__ int sample_talker(const Params& p, int b, u32 t_logits, float* work, 
     v[i] = sp.do_sample ? x / sp.temperature : x;
   }
   __syncthreads();
-  return sample_logits(v, V, sp, p.seed_lo[b], p.seed_hi[b], (u32)p.n_sampled[b], 0u, redf, redi,
-                       hist, work + V + HIST_WORDS);
+  return sample_logits(p, v, V, sp, p.seed_lo[b], p.seed_hi[b], (u32)p.n_sampled[b], 0u, redf,
+                       redi, hist, work + V + HIST_WORDS);
 }
 
 __device__ int sample_sub(const Params& p, int b, int group, u32 t_logits, float* work,
@@ -1438,7 +1450,7 @@ __device__ int sample_sub(const Params& p, int b, int group, u32 t_logits, float
     }
   __syncthreads();
   inputs_arrived(p);
-  return sample_logits(v, V, sp, p.seed_lo[b], p.seed_hi[b], (u32)p.n_sampled[b], (u32)group,
+  return sample_logits(p, v, V, sp, p.seed_lo[b], p.seed_hi[b], (u32)p.n_sampled[b], (u32)group,
                        redf, redi, hist, work + V + HIST_WORDS);
 }
 

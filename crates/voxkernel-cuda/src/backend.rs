@@ -341,8 +341,8 @@ impl CudaBackend {
             geometry.cp_vocab
         );
         // start + per predictor pass (input, 5 per layer, head, sampling) + the talker's, each
-        // phase with its inputs' arrival too
-        let max_marks = 2 * (1 + g * (3 + 5 * c.layers) + 5 * t.layers + 3);
+        // phase with its inputs' arrival too; and three steps inside each predictor sampling
+        let max_marks = 2 * (1 + g * (3 + 5 * c.layers) + 5 * t.layers + 3) + 3 * g;
         // exchanges per launch: per predictor pass the projection, 5 per layer, the head and the
         // sampling; the talker's 5 per layer and its head
         let exchanges = g * (3 + 5 * c.layers) + 5 * t.layers + 1;

@@ -389,6 +389,32 @@ mod tests {
     }
 
     #[test]
+    fn a_predictor_sampling_splits_into_its_steps() {
+        // start, the logits' arrival, the select, the draw, the argmax, the sample phase's end
+        let launches = vec![vec![
+            mark(0, 0),
+            mark(32, 1000),
+            mark(9, 3000),
+            mark(10, 4000),
+            mark(11, 4500),
+            mark(8, 5500),
+        ]];
+        let p = FrameProfile::from_marks(&launches, 1000.0);
+        let us = |phase: &str, wait: bool| {
+            p.phases
+                .iter()
+                .find(|t| t.stack == "predictor" && t.phase == phase && t.wait == wait)
+                .map(|t| t.us)
+        };
+        assert_eq!(us("select", true), Some(1.0));
+        assert_eq!(us("select", false), Some(2.0));
+        assert_eq!(us("draw", false), Some(1.0));
+        assert_eq!(us("argmax", false), Some(0.5));
+        assert_eq!(us("sample", false), Some(1.0));
+        assert_eq!(us("sample", true), None);
+    }
+
+    #[test]
     fn a_wait_mark_splits_off_the_wait_of_the_phase_that_ends_next() {
         // start, inputs of the predictor's qkv, its end, inputs of the talker's head, its end
         let launches = vec![vec![

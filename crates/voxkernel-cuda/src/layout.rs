@@ -29,8 +29,10 @@ pub const MAX_HEAD_DIM: usize = 128;
 pub const EXCHANGE_BITS: u32 = 11;
 
 /// Phase tags of the profile marks (`PH_*` in the kernel): the phase whose end a mark records,
-/// with [`PHASE_TALKER`] set for the talker stack.
-pub const PHASE_NAMES: [&str; 9] = [
+/// with [`PHASE_TALKER`] set for the talker stack. The last three are steps inside a predictor
+/// pass's sampling (its top-k threshold, its noise and draw, its block argmax), so that the
+/// "sample" phase itself is only the publication of the next input.
+pub const PHASE_NAMES: [&str; 12] = [
     "start",
     "input",
     "qkv",
@@ -40,6 +42,9 @@ pub const PHASE_NAMES: [&str; 9] = [
     "down",
     "head",
     "sample",
+    "select",
+    "draw",
+    "argmax",
 ];
 pub const PHASE_TALKER: u64 = 16;
 /// Set on a mark recorded once a phase's inputs have all arrived (`PH_WAIT`): the interval it

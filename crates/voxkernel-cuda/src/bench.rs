@@ -352,6 +352,18 @@ mod tests {
         PhaseMark { phase, clock }
     }
 
+    /// The microseconds of a stack's phase in a profile; "name.wait" names its wait.
+    fn us(p: &FrameProfile, stack: &str, phase: &str) -> Option<f64> {
+        let (phase, wait) = match phase.strip_suffix(".wait") {
+            Some(name) => (name, true),
+            None => (phase, false),
+        };
+        p.phases
+            .iter()
+            .find(|t| t.stack == stack && t.phase == phase && t.wait == wait)
+            .map(|t| t.us)
+    }
+
     #[test]
     fn profile_attributes_each_interval_to_the_phase_that_ends_it() {
         // two launches at 1000 MHz: start, predictor qkv, predictor sample, talker head
@@ -400,18 +412,12 @@ mod tests {
             mark(8, 5500),
         ]];
         let p = FrameProfile::from_marks(&launches, 1000.0);
-        let us = |phase: &str, wait: bool| {
-            p.phases
-                .iter()
-                .find(|t| t.stack == "predictor" && t.phase == phase && t.wait == wait)
-                .map(|t| t.us)
-        };
-        assert_eq!(us("select", true), Some(1.0));
-        assert_eq!(us("select", false), Some(2.0));
-        assert_eq!(us("draw", false), Some(1.0));
-        assert_eq!(us("argmax", false), Some(0.5));
-        assert_eq!(us("sample", false), Some(1.0));
-        assert_eq!(us("sample", true), None);
+        assert_eq!(us(&p, "predictor", "select.wait"), Some(1.0));
+        assert_eq!(us(&p, "predictor", "select"), Some(2.0));
+        assert_eq!(us(&p, "predictor", "draw"), Some(1.0));
+        assert_eq!(us(&p, "predictor", "argmax"), Some(0.5));
+        assert_eq!(us(&p, "predictor", "sample"), Some(1.0));
+        assert_eq!(us(&p, "predictor", "sample.wait"), None);
     }
 
     #[test]
@@ -425,20 +431,10 @@ mod tests {
             mark(16 | 7, 4250),
         ]];
         let p = FrameProfile::from_marks(&launches, 1000.0);
-        let us = |stack: &str, phase: &str| {
-            let (phase, wait) = match phase.strip_suffix(".wait") {
-                Some(name) => (name, true),
-                None => (phase, false),
-            };
-            p.phases
-                .iter()
-                .find(|t| t.stack == stack && t.phase == phase && t.wait == wait)
-                .map(|t| t.us)
-        };
-        assert_eq!(us("predictor", "qkv.wait"), Some(1.0));
-        assert_eq!(us("predictor", "qkv"), Some(0.5));
-        assert_eq!(us("talker", "head.wait"), Some(2.5));
-        assert_eq!(us("talker", "head"), Some(0.25));
+        assert_eq!(us(&p, "predictor", "qkv.wait"), Some(1.0));
+        assert_eq!(us(&p, "predictor", "qkv"), Some(0.5));
+        assert_eq!(us(&p, "talker", "head.wait"), Some(2.5));
+        assert_eq!(us(&p, "talker", "head"), Some(0.25));
         assert_eq!(p.kernel_us, 4.25);
         assert_eq!(p.phases.len(), 4);
     }

@@ -1,4 +1,4 @@
-// voxkernel frame megakernel (version 1.18: phases chained by tagged words, no grid barriers; o,
+// voxkernel frame megakernel (version 1.19: phases chained by tagged words, no grid barriers; o,
 // down and gate|up tasks shared by warp pairs; V appended by a warp of its own; norm weights
 // loaded before the wait; a sampler with two barriers per radix round; the predictor's first
 // two positions in one pass; one exp per warp state in the attention's merge; matvec inputs in
@@ -10,7 +10,8 @@
 // up to eight sequences; exchanged words polled two per load, the rows of every sequence of a
 // launch at once; each product's first batch asked of L2 at the tail of the product before;
 // normed inputs read and written in pairs, no integer division between a phase's inputs and its
-// products; profile marks inside the predictor's sampler).
+// products; profile marks inside the predictor's sampler; in the solo build, each product's
+// second batch asked of L2 behind the phase's first polls).
 //
 // One cooperative launch advances up to MAX_B sequences (the solo build: one) by one audio
 // frame:
@@ -314,6 +315,25 @@ __device__ __forceinline__ int plane_index(int i, int n) {
   return ((i >> 2) & 1) * (n >> 1) + ((i >> 3) << 2) + (i & 3);
 }
 
+// 16-byte weight chunks a lane loads before it uses the first.
+#define MATVEC_DEPTH 4
+
+// Lines of a warp's weights asked of L2 (`prefetch.global.L2`: nothing comes back to the warp).
+// One lane per 128-byte line asks: `at` is that lane's first chunk (null for the other lanes, or
+// without a row), `n` the chunks from it to the row's end of the warp's part; a batch of
+// MATVEC_DEPTH chunks per lane is asked.
+struct Prefetch {
+  const uint4* at;
+  int n;
+};
+
+__device__ __forceinline__ void prefetch_l2(const Prefetch& f) {
+  if (!f.at) return;
+#pragma unroll
+  for (int j = 0; j < MATVEC_DEPTH; j++)
+    if (32 * j < f.n) asm volatile("prefetch.global.L2 [%0];" ::"l"(f.at + 32 * j) : "memory");
+}
+
 // out[r * n + i] = the value of src[r * stride + i] for rows r < rows and i < n (with PLANES,
 // out[r * n + plane_index(i, n)]), once each carries `tag`. A thread takes word pairs, pair q of
 // every row being thread q % THREADS's (row_element's), and its (pair, row) slots
@@ -324,7 +344,8 @@ __device__ __forceinline__ int plane_index(int i, int n) {
 // src 16-byte aligned (the host checks the model's widths). The block's threads share the words;
 // the caller synchronises the block before reading `out`.
 template <bool PLANES = false>
-__device__ void collect(const u64* src, int stride, int rows, int n, u32 tag, float* out) {
+__device__ void collect(const u64* src, int stride, int rows, int n, u32 tag, float* out,
+                        Prefetch then = Prefetch{nullptr, 0}) {
   const int pairs = n >> 1;
   const int slots = rows * ((pairs - tid() + THREADS - 1) / THREADS);
   int q = tid(), r = 0;  // the next slot's pair and row
@@ -342,6 +363,8 @@ __device__ void collect(const u64* src, int stride, int rows, int n, u32 tag, fl
         q += THREADS;
       }
     }
+    // (behind the first polls, so that they are not answered after its lines)
+    if (s0 == 0) prefetch_l2(then);
 #pragma unroll
     for (int j = 0; j < COLLECT_PAIRS; j++) {
       if (slot[j] < 0) continue;
@@ -363,8 +386,9 @@ __device__ __noinline__
 #else
 __device__ __forceinline__
 #endif
-void collect_flat(const u64* src, int stride, int rows, int n, u32 tag, float* out) {
-  collect<false>(src, stride, rows, n, tag, out);
+void collect_flat(const u64* src, int stride, int rows, int n, u32 tag, float* out,
+                  Prefetch then = Prefetch{nullptr, 0}) {
+  collect<false>(src, stride, rows, n, tag, out, then);
 }
 
 // Exchanges are numbered by where they happen, so that every block derives the same tag from
@@ -444,14 +468,15 @@ __device__ __forceinline__ void inputs_arrived(const Params& p) {
 // a matvec input, plane_index); a thread's elements are row_element's, and the caller
 // synchronises the block.
 template <bool PLANES = false>
-__device__ void collect_x_rows(const Params& p, int in, int nb, int n, float* out) {
+__device__ void collect_x_rows(const Params& p, int in, int nb, int n, float* out,
+                               Prefetch then = Prefetch{nullptr, 0}) {
   const int H = p.talker.hidden;
   if (in >= 0) {
     const u64* src = x_buffer(p, in >> 16);
     if (PLANES)
-      collect<true>(src, p.max_hidden, nb, n, tag_of(p, in & 0xffff), out);
+      collect<true>(src, p.max_hidden, nb, n, tag_of(p, in & 0xffff), out, then);
     else
-      collect_flat(src, p.max_hidden, nb, n, tag_of(p, in & 0xffff), out);
+      collect_flat(src, p.max_hidden, nb, n, tag_of(p, in & 0xffff), out, then);
     return;
   }
   for (int b = 0; b < nb; b++) {
@@ -488,12 +513,12 @@ __device__ void collect_x(const Params& p, int in, int nb, int n, float* xs) {
 // collected itself (row_element), so that one barrier (the sums of squares) stands between the
 // last word's arrival and the normed rows.
 __device__ void collect_x_norm(const Params& p, int in, int nb, int n, const bf16_t* w, float eps,
-                               float* xr, float* xs) {
+                               float* xr, float* xs, Prefetch then = Prefetch{nullptr, 0}) {
   const int warp = tid() >> 5, lane = tid() & 31;
   float* red = sm_red(p);  // [MAX_B][WARPS]: over the reduction ints too, unused here
   float wv[NORM_REGS];
   row_elements(w, n, tid(), wv);
-  collect_x_rows(p, in, nb, n, xr);
+  collect_x_rows(p, in, nb, n, xr, then);
   for (int b = 0; b < nb; b++) {
     float ss = 0.f;
     // (a thread's elements come in adjacent pairs, read as one: conflict-free)
@@ -563,9 +588,6 @@ __device__ __forceinline__ void pair_barrier() {
 // Whether this block computes any of `tasks` tasks.
 __device__ __forceinline__ bool has_rows(int tasks) { return bid() < tasks; }
 
-// 16-byte weight chunks a lane loads before it uses the first.
-#define MATVEC_DEPTH 4
-
 // The first MATVEC_DEPTH chunks (per lane) of a warp's first row of a matvec. Weights depend on
 // nothing, so a phase loads them before it awaits its inputs: their memory round trip overlaps
 // the wait instead of following it. Volatile keeps the loads there.
@@ -599,14 +621,7 @@ __device__ FirstChunks first_chunks(const bf16_t* W, int rows, int K, int split 
 // product before (when the warp issues the last batch of its stream): a warp's loads are answered
 // in the order it issued them (scripts/gpu/poll_bench.cu), so there the request stands behind
 // nothing that waits for it, and the next phase's preload finds its bytes in L2, which holds the
-// polls issued after it for an L2 round trip instead of an HBM burst. One lane per 128-byte
-// line asks: `at` is that lane's first chunk (null for the other lanes, or without a row), `n`
-// the chunks from it to the row's end of the warp's part.
-struct Prefetch {
-  const uint4* at;
-  int n;
-};
-
+// polls issued after it for an L2 round trip instead of an HBM burst.
 __device__ Prefetch prefetch_of(const bf16_t* W, int rows, int K, int split = 1, int pair = 0) {
   const int r = split_row(warp_task(0, rows, split), split, pair), lane = tid() & 31;
   const int2 c = warp_chunks(K >> 3, pair > 0 ? 1 : split);
@@ -617,12 +632,25 @@ __device__ Prefetch prefetch_of(const bf16_t* W, int rows, int K, int split = 1,
   return f;
 }
 
-__device__ __forceinline__ void prefetch_l2(const Prefetch& f) {
-  if (!f.at) return;
-#pragma unroll
-  for (int j = 0; j < MATVEC_DEPTH; j++)
-    if (32 * j < f.n) asm volatile("prefetch.global.L2 [%0];" ::"l"(f.at + 32 * j) : "memory");
+// A warp's second batch of the same product (the rest of its part of its first row, or its
+// next row's first batch), to be asked of L2 behind the phase's first polls (collect's `then`):
+// the load the product issues as its inputs arrive then finds L2 instead of HBM. In the solo
+// build only: launches of 4 and 8 lost 5% with it (docs/kernel-notes.md, "Version 1.19").
+__device__ Prefetch second_batch_of(const bf16_t* W, int rows, int K, int split = 1,
+                                    int pair = 0) {
+  if (!SOLO) return Prefetch{nullptr, 0};
+  const int lane = tid() & 31;
+  const int2 c = warp_chunks(K >> 3, pair > 0 ? 1 : split);
+  const bool long_row = c.y - c.x > 32 * MATVEC_DEPTH;
+  const int r = split_row(warp_task(long_row ? 0 : 1, rows, split), split, pair);
+  const int from = c.x + (long_row ? 32 * MATVEC_DEPTH : 0);
+  Prefetch f;
+  f.at = r < 0 || (lane & 7) != 0 ? nullptr
+                                  : reinterpret_cast<const uint4*>(W + (size_t)r * K) + from + lane;
+  f.n = c.y - from - lane;
+  return f;
 }
+
 
 // Every warp of the grid takes whole tasks: task t is output row t, y[b][t] = W[t] . xs[b] (xs
 // in planes: plane_index), and with `pair` > 0 also row t + pair (gate and up rows of one
@@ -1026,7 +1054,7 @@ __device__ void residual_product(const Params& p, int H, const bf16_t* W, int K,
   float* xs = sm_xs();
   const float* xr = sm_xr(p);
   if (has_rows(H)) {
-    collect<true>(in, stride, nb, K, tag_in, xs);
+    collect<true>(in, stride, nb, K, tag_in, xs, second_batch_of(W, H, K, 2));
     __syncthreads();
     inputs_arrived(p);
   }
@@ -1069,7 +1097,8 @@ __device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int
   // checks rows >= H and inter >= H, so they have xr for their residual products)
 
   // input norm, q|k|v
-  if (has_rows(rows)) collect_x_norm(p, in, nb, H, lw.in_norm, s.eps, xr, xs);
+  if (has_rows(rows))
+    collect_x_norm(p, in, nb, H, lw.in_norm, s.eps, xr, xs, second_batch_of(lw.qkv, rows, H));
   matvec<NB>(
       lw.qkv, rows, H, xs, nb, first_qkv,
       [&](int b, int r, float v) {
@@ -1093,7 +1122,9 @@ __device__ FirstChunks layer_step(const Params& p, const Stack& s, int step, int
 
   // post-attention norm, gate and up rows in pairs: SiLU(gate) * up
   first = first_chunks(lw.gate_up, inter, H, 2, inter);
-  if (has_rows(inter)) collect_x_norm(p, x_words(0, ex + LX_O), nb, H, lw.post_norm, s.eps, xr, xs);
+  if (has_rows(inter))
+    collect_x_norm(p, x_words(0, ex + LX_O), nb, H, lw.post_norm, s.eps, xr, xs,
+                   second_batch_of(lw.gate_up, inter, H, 2, inter));
   matvec_tasks<2, NB>(
       lw.gate_up, inter, inter, H, xs, nb, first,
       [&](int b, int t, float gt, float up) {

@@ -342,7 +342,8 @@ __device__ __forceinline__ void prefetch_l2(const Prefetch& f) {
 // trips after the last producer's words land (docs/kernel-notes.md, "Version 1.14"), and the rows
 // of a launch of several sequences are awaited together, not one after another. n is even and
 // src 16-byte aligned (the host checks the model's widths). The block's threads share the words;
-// the caller synchronises the block before reading `out`.
+// the caller synchronises the block before reading `out`. `then` (second_batch_of) is asked of
+// L2 once the first polls are out.
 template <bool PLANES = false>
 __device__ void collect(const u64* src, int stride, int rows, int n, u32 tag, float* out,
                         Prefetch then = Prefetch{nullptr, 0}) {
@@ -650,7 +651,6 @@ __device__ Prefetch second_batch_of(const bf16_t* W, int rows, int K, int split 
   f.n = c.y - from - lane;
   return f;
 }
-
 
 // Every warp of the grid takes whole tasks: task t is output row t, y[b][t] = W[t] . xs[b] (xs
 // in planes: plane_index), and with `pair` > 0 also row t + pair (gate and up rows of one

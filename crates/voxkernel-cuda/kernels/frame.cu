@@ -623,14 +623,20 @@ __device__ FirstChunks first_chunks(const bf16_t* W, int rows, int K, int split 
 // in the order it issued them (scripts/gpu/poll_bench.cu), so there the request stands behind
 // nothing that waits for it, and the next phase's preload finds its bytes in L2, which holds the
 // polls issued after it for an L2 round trip instead of an HBM burst.
-__device__ Prefetch prefetch_of(const bf16_t* W, int rows, int K, int split = 1, int pair = 0) {
-  const int r = split_row(warp_task(0, rows, split), split, pair), lane = tid() & 31;
-  const int2 c = warp_chunks(K >> 3, pair > 0 ? 1 : split);
+// The lines of row r (none when r < 0) from chunk `from` to chunk `end` of a warp's part.
+__device__ __forceinline__ Prefetch row_lines(const bf16_t* W, int r, int K, int from, int end) {
+  const int lane = tid() & 31;
   Prefetch f;
   f.at = r < 0 || (lane & 7) != 0 ? nullptr
-                                  : reinterpret_cast<const uint4*>(W + (size_t)r * K) + c.x + lane;
-  f.n = c.y - c.x - lane;
+                                  : reinterpret_cast<const uint4*>(W + (size_t)r * K) + from + lane;
+  f.n = end - from - lane;
   return f;
+}
+
+__device__ Prefetch prefetch_of(const bf16_t* W, int rows, int K, int split = 1, int pair = 0) {
+  const int r = split_row(warp_task(0, rows, split), split, pair);
+  const int2 c = warp_chunks(K >> 3, pair > 0 ? 1 : split);
+  return row_lines(W, r, K, c.x, c.y);
 }
 
 // A warp's second batch of the same product (the rest of its part of its first row, or its
@@ -640,16 +646,10 @@ __device__ Prefetch prefetch_of(const bf16_t* W, int rows, int K, int split = 1,
 __device__ Prefetch second_batch_of(const bf16_t* W, int rows, int K, int split = 1,
                                     int pair = 0) {
   if (!SOLO) return Prefetch{nullptr, 0};
-  const int lane = tid() & 31;
   const int2 c = warp_chunks(K >> 3, pair > 0 ? 1 : split);
   const bool long_row = c.y - c.x > 32 * MATVEC_DEPTH;
   const int r = split_row(warp_task(long_row ? 0 : 1, rows, split), split, pair);
-  const int from = c.x + (long_row ? 32 * MATVEC_DEPTH : 0);
-  Prefetch f;
-  f.at = r < 0 || (lane & 7) != 0 ? nullptr
-                                  : reinterpret_cast<const uint4*>(W + (size_t)r * K) + from + lane;
-  f.n = c.y - from - lane;
-  return f;
+  return row_lines(W, r, K, c.x + (long_row ? 32 * MATVEC_DEPTH : 0), c.y);
 }
 
 // Every warp of the grid takes whole tasks: task t is output row t, y[b][t] = W[t] . xs[b] (xs

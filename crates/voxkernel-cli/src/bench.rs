@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde_json::json;
 use voxkernel_core::engine::{
-    Engine, EngineOptions, EngineStats, Model, SessionEvent, SessionRequest, Usage,
+    ChunkSchedule, Engine, EngineOptions, EngineStats, Model, SessionEvent, SessionRequest, Usage,
 };
 use voxkernel_core::prompt::Voice;
 use voxkernel_core::sampling::SamplingConfig;
@@ -63,6 +63,11 @@ pub struct BenchArgs {
     /// cores; faster, with the error docs/codec.md states).
     #[arg(long, value_enum, default_value = "f32")]
     codec_precision: CodecPrecision,
+    /// With --e2e, frames per audio packet: the first packet after the first count, the next
+    /// after the second, and so on, the last count repeating (the engine's default, 1,2,4,8,
+    /// when absent).
+    #[arg(long, value_delimiter = ',')]
+    schedule: Option<Vec<usize>>,
     /// Frame-kernel mode: untimed frames first.
     #[arg(long, default_value_t = 20)]
     warmup: usize,
@@ -137,11 +142,14 @@ fn run_e2e(args: BenchArgs) -> Result<()> {
     let max_len = args.text.len() + frames_cap + 64;
     let frames = backends::frame_backend(args.backend, &model, slots, max_len)?;
     let codec = backends::codec_backend(args.backend, &model, slots, args.codec_precision)?;
-    let options = EngineOptions {
+    let mut options = EngineOptions {
         max_active: slots,
         max_frames_cap: frames_cap,
         ..EngineOptions::default()
     };
+    if let Some(frames) = &args.schedule {
+        options.schedule = ChunkSchedule::new(frames.clone()).context("--schedule")?;
+    }
     let engine = Engine::start(Arc::clone(&model), frames, codec, options)?;
     let (frame_backend, codec_backend) = engine.backend_names();
     let (frame_backend, codec_backend) = (frame_backend.to_string(), codec_backend.to_string());
@@ -360,6 +368,7 @@ fn report(
         "concurrency": concurrency,
         "sessions": usages.len(),
         "frames_per_session": args.frames.unwrap_or(100),
+        "schedule": args.schedule,
         "time_to_first_audio_ms": {"p50": percentile(&ttfa, 0.5), "p95": percentile(&ttfa, 0.95)},
         "rtf_per_stream": {"p50": percentile(&rtf, 0.5), "max": rtf.last().copied()},
         "ms_per_frame": {

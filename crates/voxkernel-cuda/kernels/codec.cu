@@ -22,7 +22,6 @@ typedef long long i64;
 #define BN 64
 #define BK 16
 #define ATTN_THREADS 128
-#define MAX_PASS_FRAMES_PER_ENTRY 16
 #define MAX_HEAD_DIM 128
 #define MAX_WINDOW 128
 
@@ -803,12 +802,16 @@ __device__ float block_max(float v, float* scratch) {
 
 // ---------------------------------------------------------------------------------------------
 // Attention of one transformer layer: mirrors `PreTransformer::attention` (transformer.rs)
-// between the q/k/v and the o projections. One block per (head, entry): it rotates the entry's
-// new queries and keys (RoPE on absolute positions), appends keys and values to the stream's
-// ring, stages every key and value row the pass's queries can see in shared memory (one round
-// trip to memory instead of one per key), then lets each new query attend to positions
-// q - window < k <= q, k >= 0. The ring holds `ring` >= window + 15 rows (position p at row
-// p % ring), so a pass of up to 16 frames never overwrites a key one of its own queries needs.
+// between the q/k/v and the o projections. One block per (head, entry, new query): it rotates
+// its query, appends its own frame's key and value to the stream's ring (RoPE on absolute
+// positions), and stages every key and value row its query can see in shared memory (one round
+// trip to memory instead of one per key): earlier passes' rows from the ring, this pass's rows
+// rotated again from q|k|v, since the blocks of one launch do not wait for each other's ring
+// rows. Then the query attends to positions q - window < k <= q, k >= 0. A block per query
+// rather than per entry: an entry's queries no longer run one after another (a pass of 16
+// frames took 16 times one query's barriers). The ring holds `ring` >= window + 15 rows
+// (position p at row p % ring), so a pass of up to 16 frames never overwrites a key one of its
+// own queries needs.
 
 struct AttnParams {
   const float* qkv;  // [frames][3 * width]: q | k | v, before RoPE
@@ -822,41 +825,51 @@ struct AttnParams {
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
     attention(const AttnParams p, const Batch b) {
-  __shared__ float q[MAX_PASS_FRAMES_PER_ENTRY][MAX_HEAD_DIM];
+  __shared__ float q[MAX_HEAD_DIM];
   __shared__ float prob[MAX_WINDOW];
   __shared__ float scratch[ATTN_THREADS / 32];
   // Keys then values of the visible positions, rows padded by 4 floats so that threads reading
   // different rows at the same depth hit different banks.
   extern __shared__ __align__(16) float kv[];
-  const int head = blockIdx.x, e = blockIdx.y;
-  const int frames = b.entry_frames[e], f0 = b.entry_frame0[e], pos0 = b.entry_pos0[e];
+  const int head = blockIdx.x, e = blockIdx.y, t = blockIdx.z;
+  // (the grid's depth is the most frames an entry of the pass can have)
+  if (t >= b.entry_frames[e]) return;
+  const int f0 = b.entry_frame0[e], pos0 = b.entry_pos0[e], pos = pos0 + t;
   const int hd = p.head_dim, half = hd / 2, col0 = head * hd, stride = hd + 4;
   float* k_ring = p.k_ring + (i64)b.entry_slot[e] * p.slot_stride;
   float* v_ring = p.v_ring + (i64)b.entry_slot[e] * p.slot_stride;
+  const int first = max(0, pos - p.window + 1), keys = pos - first + 1;
+  float* ks = kv;
+  float* vs = kv + keys * stride;
 
-  // x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]; products rounded like the CPU.
-  for (int i = threadIdx.x; i < frames * hd; i += blockDim.x) {
-    const int t = i / hd, d = i % hd, f = f0 + t;
+  // This pass's rows up to the query's: x * cos + rotate_half(x) * sin, rotate_half(x) =
+  // [-x2, x1]; products rounded like the CPU.
+  for (int i = threadIdx.x; i < (t + 1) * hd; i += blockDim.x) {
+    const int u = i / hd, d = i % hd, f = f0 + u, r = pos0 + u - first;
     const float* row = p.qkv + (i64)f * 3 * p.width + col0;
     const float c = b.rope_cos[f * half + d % half], s = b.rope_sin[f * half + d % half];
     const int other = d < half ? d + half : d - half;
     const float sign = d < half ? -1.0f : 1.0f;
-    q[t][d] = __fadd_rn(__fmul_rn(row[d], c), __fmul_rn(sign * row[other], s));
-    const float* key = row + p.width;
-    const i64 slot_row = (i64)((pos0 + t) % p.ring) * p.width + col0 + d;
-    k_ring[slot_row] = __fadd_rn(__fmul_rn(key[d], c), __fmul_rn(sign * key[other], s));
-    v_ring[slot_row] = row[2 * p.width + d];
+    const float* k_row = row + p.width;
+    const float key = __fadd_rn(__fmul_rn(k_row[d], c), __fmul_rn(sign * k_row[other], s));
+    const float value = row[2 * p.width + d];
+    if (r >= 0) {
+      ks[r * stride + d] = key;
+      vs[r * stride + d] = value;
+    }
+    if (u == t) {
+      q[d] = __fadd_rn(__fmul_rn(row[d], c), __fmul_rn(sign * row[other], s));
+      const i64 slot_row = (i64)(pos % p.ring) * p.width + col0 + d;
+      k_ring[slot_row] = key;
+      v_ring[slot_row] = value;
+    }
   }
-  __syncthreads();
-
-  const int lo = max(0, pos0 - p.window + 1), rows = pos0 + frames - lo;
-  float* ks = kv;
-  float* vs = kv + rows * stride;
-  const int quads = hd / 4;
+  // Earlier passes' rows: positions first .. pos0 - 1.
+  const int quads = hd / 4, old = max(0, pos0 - first);
 #pragma unroll 4
-  for (int i = threadIdx.x; i < rows * quads; i += blockDim.x) {
+  for (int i = threadIdx.x; i < old * quads; i += blockDim.x) {
     const int r = i / quads, d = 4 * (i % quads);
-    const i64 src = (i64)((lo + r) % p.ring) * p.width + col0 + d;
+    const i64 src = (i64)((first + r) % p.ring) * p.width + col0 + d;
     *reinterpret_cast<float4*>(&ks[r * stride + d]) =
         *reinterpret_cast<const float4*>(&k_ring[src]);
     *reinterpret_cast<float4*>(&vs[r * stride + d]) =
@@ -867,31 +880,24 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
   // Thread j scores key j (window <= ATTN_THREADS); softmax as candle's softmax_last_dim:
   // max, exp(s - max), sum, divide.
   const int j = threadIdx.x;
-  for (int t = 0; t < frames; ++t) {
-    const int pos = pos0 + t;
-    const int first = max(0, pos - p.window + 1), keys = pos - first + 1;
-    const float* k0 = ks + (first - lo) * stride;
-    float score = -__int_as_float(0x7f800000);
-    if (j < keys) {
-      float dot = 0.0f;
-      for (int d = 0; d < hd; d += 4) {
-        const float4 k4 = *reinterpret_cast<const float4*>(&k0[j * stride + d]);
-        dot += q[t][d] * k4.x + q[t][d + 1] * k4.y + q[t][d + 2] * k4.z + q[t][d + 3] * k4.w;
-      }
-      score = __fmul_rn(dot, p.scale);
+  float score = -__int_as_float(0x7f800000);
+  if (j < keys) {
+    float dot = 0.0f;
+    for (int d = 0; d < hd; d += 4) {
+      const float4 k4 = *reinterpret_cast<const float4*>(&ks[j * stride + d]);
+      dot += q[d] * k4.x + q[d + 1] * k4.y + q[d + 2] * k4.z + q[d + 3] * k4.w;
     }
-    const float mx = block_max(score, scratch);
-    const float ex = j < keys ? expf(score - mx) : 0.0f;
-    const float sum = block_sum(ex, scratch);
-    if (j < keys) prob[j] = __fdiv_rn(ex, sum);
-    __syncthreads();
-    const float* v0 = vs + (first - lo) * stride;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-      float acc = 0.0f;
-      for (int k = 0; k < keys; ++k) acc += prob[k] * v0[k * stride + d];
-      p.out[(i64)(f0 + t) * p.width + col0 + d] = acc;
-    }
-    __syncthreads();
+    score = __fmul_rn(dot, p.scale);
+  }
+  const float mx = block_max(score, scratch);
+  const float ex = j < keys ? expf(score - mx) : 0.0f;
+  const float sum = block_sum(ex, scratch);
+  if (j < keys) prob[j] = __fdiv_rn(ex, sum);
+  __syncthreads();
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int k = 0; k < keys; ++k) acc += prob[k] * vs[k * stride + d];
+    p.out[(i64)(f0 + t) * p.width + col0 + d] = acc;
   }
 }
 

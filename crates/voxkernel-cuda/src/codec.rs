@@ -27,8 +27,9 @@ use voxkernel_core::config::{CodecDecoderConfig, SpeechTokenizerConfig};
 
 use crate::runtime::{self, device_ptr, zeros};
 
-/// Frames of one stream per pass (`MAX_PASS_FRAMES_PER_ENTRY` in the kernel). The K/V ring
-/// keeps `window + 15` rows so a pass never overwrites a key one of its own queries needs.
+/// Frames of one stream per pass, so the attention's blocks of one entry (one per new query).
+/// The K/V ring keeps `window + 15` rows so a pass never overwrites a key one of its own
+/// queries needs.
 const MAX_PASS_FRAMES_PER_ENTRY: usize = 16;
 /// Limits of the attention kernel's shared arrays (`MAX_HEAD_DIM`, `MAX_WINDOW`).
 const MAX_HEAD_DIM: usize = 128;
@@ -1785,8 +1786,10 @@ impl CudaCodec {
                 // were checked against the kernel's shared arrays; the dynamic shared memory
                 // holds `ring` padded rows of keys and of values (its limit raised in `new`).
                 let smem = 2 * self.ring * (self.dims.head_dim + 4) * 4;
-                unsafe { l.launch(cfg((self.dims.heads as u32, entries, 1), 128, smem)) }
-                    .context("launching attention")?;
+                // A block per new query: an entry has at most the frames the others leave it.
+                let queries = (frames + 1 - entries as usize).min(MAX_PASS_FRAMES_PER_ENTRY);
+                let grid = (self.dims.heads as u32, entries, queries as u32);
+                unsafe { l.launch(cfg(grid, 128, smem)) }.context("launching attention")?;
             }
             Op::DwNorm {
                 input,

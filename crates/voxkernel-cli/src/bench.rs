@@ -68,6 +68,10 @@ pub struct BenchArgs {
     /// when absent).
     #[arg(long, value_delimiter = ',')]
     schedule: Option<Vec<usize>>,
+    /// With --e2e, packets of the schedule's counts even when a listener would run out of audio
+    /// waiting for them (`serve --fixed-packets`).
+    #[arg(long)]
+    fixed_packets: bool,
     /// Frame-kernel mode: untimed frames first.
     #[arg(long, default_value_t = 20)]
     warmup: usize,
@@ -145,6 +149,7 @@ fn run_e2e(args: BenchArgs) -> Result<()> {
     let mut options = EngineOptions {
         max_active: slots,
         max_frames_cap: frames_cap,
+        pacing: !args.fixed_packets,
         ..EngineOptions::default()
     };
     if let Some(frames) = &args.schedule {
@@ -174,11 +179,11 @@ fn run_e2e(args: BenchArgs) -> Result<()> {
     for &n in &args.concurrency {
         let before = engine.stats();
         let started = Instant::now();
-        let mut usages = Vec::new();
+        let mut sessions = Vec::new();
         for wave in 0..args.waves {
             let requests: Vec<SessionRequest> =
                 (0..n).map(|i| request(1 + (wave * n + i) as u64)).collect();
-            usages.extend(run_wave(&engine, &requests)?);
+            sessions.extend(run_wave(&engine, &requests)?);
         }
         let wall = started.elapsed();
         let stats = engine.stats();
@@ -187,7 +192,7 @@ fn run_e2e(args: BenchArgs) -> Result<()> {
             report(
                 n,
                 &args,
-                &usages,
+                &sessions,
                 wall,
                 &before,
                 &stats,
@@ -308,8 +313,9 @@ fn run_joins(
     })
 }
 
-/// Opens every request at once and waits for all to finish.
-fn run_wave(engine: &Engine, requests: &[SessionRequest]) -> Result<Vec<Usage>> {
+/// Opens every request at once and waits for all to finish; per session, its usage and what a
+/// listener playing its packets as they arrive would hear as silence.
+fn run_wave(engine: &Engine, requests: &[SessionRequest]) -> Result<Vec<(Usage, Playback)>> {
     let sessions = requests
         .iter()
         .map(|r| engine.open(r.clone()).map_err(anyhow::Error::from))
@@ -319,10 +325,15 @@ fn run_wave(engine: &Engine, requests: &[SessionRequest]) -> Result<Vec<Usage>> 
             .into_iter()
             .map(|mut session| {
                 scope.spawn(move || {
+                    let mut packets = Vec::new();
                     loop {
                         match session.events.blocking_recv() {
-                            Some(SessionEvent::Audio(_)) => {}
-                            Some(SessionEvent::Done(usage)) => return Ok(usage),
+                            Some(SessionEvent::Audio(chunk)) => {
+                                packets.push((Instant::now(), chunk.pcm.len()));
+                            }
+                            Some(SessionEvent::Done(usage)) => {
+                                return Ok((usage, Playback::of(&packets)));
+                            }
                             Some(SessionEvent::Error(e)) => bail!("session failed: {e}"),
                             None => bail!("session ended without Done"),
                         }
@@ -337,22 +348,60 @@ fn run_wave(engine: &Engine, requests: &[SessionRequest]) -> Result<Vec<Usage>> 
     })
 }
 
+/// A listener who starts playing at the first packet, plays 24 kHz samples in order and waits
+/// whenever the next packet has not arrived: the silence it hears inside the audio.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Playback {
+    starved: Duration,
+    gaps: usize,
+}
+
+impl Playback {
+    /// `packets`: each packet's arrival and its samples, in order.
+    fn of(packets: &[(Instant, usize)]) -> Self {
+        let mut played_until = None;
+        let mut out = Self {
+            starved: Duration::ZERO,
+            gaps: 0,
+        };
+        for &(arrival, samples) in packets {
+            let start = match played_until {
+                Some(until) if arrival > until => {
+                    out.starved += arrival - until;
+                    out.gaps += 1;
+                    arrival
+                }
+                Some(until) => until,
+                None => arrival,
+            };
+            let seconds = samples as f64 / f64::from(voxkernel_core::voice_clone::SAMPLE_RATE);
+            played_until = Some(start + Duration::from_secs_f64(seconds));
+        }
+        out
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn report(
     concurrency: usize,
     args: &BenchArgs,
-    usages: &[Usage],
+    sessions: &[(Usage, Playback)],
     wall: Duration,
     before: &EngineStats,
     after: &EngineStats,
     frame_backend: &str,
     codec_backend: &str,
 ) -> serde_json::Value {
-    let mut ttfa: Vec<f64> = usages
+    let mut ttfa: Vec<f64> = sessions
         .iter()
-        .filter_map(|u| u.time_to_first_audio_ms)
+        .filter_map(|(u, _)| u.time_to_first_audio_ms)
         .collect();
-    let mut rtf: Vec<f64> = usages.iter().filter_map(|u| u.rtf).collect();
+    let mut rtf: Vec<f64> = sessions.iter().filter_map(|(u, _)| u.rtf).collect();
+    let mut starved: Vec<f64> = sessions
+        .iter()
+        .map(|(_, p)| 1e3 * p.starved.as_secs_f64())
+        .collect();
+    starved.sort_by(f64::total_cmp);
     ttfa.sort_by(f64::total_cmp);
     rtf.sort_by(f64::total_cmp);
     // Per frame of one stream: with `concurrency` streams advancing together, a round of the
@@ -366,11 +415,19 @@ fn report(
     json!({
         "bench": "e2e",
         "concurrency": concurrency,
-        "sessions": usages.len(),
+        "sessions": sessions.len(),
         "frames_per_session": args.frames.unwrap_or(100),
         "schedule": args.schedule,
+        "fixed_packets": args.fixed_packets,
         "time_to_first_audio_ms": {"p50": percentile(&ttfa, 0.5), "p95": percentile(&ttfa, 0.95)},
         "rtf_per_stream": {"p50": percentile(&rtf, 0.5), "max": rtf.last().copied()},
+        // A listener playing each session's packets as they arrive: its silence inside the audio.
+        "playback_gap_ms_per_stream": {
+            "p50": percentile(&starved, 0.5),
+            "p95": percentile(&starved, 0.95),
+            "max": starved.last().copied(),
+        },
+        "streams_with_gaps": sessions.iter().filter(|(_, p)| p.gaps > 0).count(),
         "ms_per_frame": {
             "wall": wall_per_frame,
             "frame_kernel": frame_kernel,
@@ -389,4 +446,35 @@ fn percentile(sorted: &[f64], q: f64) -> Option<f64> {
     }
     let index = ((sorted.len() - 1) as f64 * q).round() as usize;
     Some(sorted[index])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn playback_counts_only_the_waits_for_late_packets() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        // 80 ms of audio, then 160 ms arriving 20 ms after the first ran out, then 80 ms
+        // arriving while the second still plays (until 260 ms), then 80 ms arriving 40 ms
+        // after the third ran out (at 340 ms).
+        let packets = [
+            (ms(0), 1920),
+            (ms(100), 3840),
+            (ms(150), 1920),
+            (ms(380), 1920),
+        ];
+        let playback = Playback::of(&packets);
+        assert_eq!(playback.gaps, 2);
+        let starved_ms = playback.starved.as_secs_f64() * 1e3;
+        assert!((starved_ms - 60.0).abs() < 1e-6, "{starved_ms}");
+        assert_eq!(
+            Playback::of(&[]),
+            Playback {
+                starved: Duration::ZERO,
+                gaps: 0
+            }
+        );
+    }
 }

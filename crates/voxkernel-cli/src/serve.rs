@@ -39,6 +39,11 @@ pub struct ServeArgs {
     /// Sessions that may wait for a slot; past that, requests get 503 (WebSocket: overloaded).
     #[arg(long, default_value_t = 64)]
     max_queue: usize,
+    /// Give every audio packet the schedule's frame count (1, 2, 4, then 8), even when the
+    /// engine is so loaded that a listener would run out of audio waiting for it; by default,
+    /// with the CUDA codec, such a packet goes early with the frames it has (docs/engine.md).
+    #[arg(long)]
+    fixed_packets: bool,
     /// Most 80 ms frames one utterance may have (2048: 164 s).
     #[arg(long, default_value_t = 2048)]
     max_frames: usize,
@@ -75,6 +80,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         max_active: args.max_sessions,
         max_queue: args.max_queue,
         max_frames_cap: args.max_frames,
+        pacing: !args.fixed_packets,
         // Text tokens rarely outnumber characters, so clients meet the character limit; a
         // text past this one is refused by the engine, which names it.
         limits: PlanLimits {

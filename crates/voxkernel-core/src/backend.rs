@@ -90,4 +90,10 @@ pub trait CodecBackend: Send {
     fn decode(&mut self, batch: &[(CodecSlot, &[Frame])]) -> Result<Vec<Vec<f32>>>;
     /// Free the stream's state.
     fn release(&mut self, slot: CodecSlot);
+    /// Whether `decode` gives a stream the same samples, bit for bit, however its frames are
+    /// split into calls and whatever shares them. Only then may the engine send a packet early
+    /// (`EngineOptions::pacing`): it changes where a stream's frames are split, not its audio.
+    fn split_invariant(&self) -> bool {
+        false
+    }
 }

@@ -154,6 +154,105 @@ fn a_session_equals_the_one_request_path() {
     assert!(usage.time_to_first_audio_ms.is_some() && usage.rtf.is_some());
 }
 
+/// A frame backend that takes at least `delay` for every step: an engine so loaded that its
+/// frames come almost as slowly as their audio plays.
+struct Slow {
+    inner: ReferenceBackend,
+    delay: std::time::Duration,
+}
+
+impl FrameBackend for Slow {
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+
+    fn start(&mut self, specs: &[SequenceSpec]) -> Vec<anyhow::Result<SlotId>> {
+        self.inner.start(specs)
+    }
+
+    fn step(&mut self, slots: &[SlotId]) -> anyhow::Result<Vec<FrameEvent>> {
+        std::thread::sleep(self.delay);
+        self.inner.step(slots)
+    }
+
+    fn append_trailing(&mut self, slot: SlotId, ids: &[u32]) -> anyhow::Result<()> {
+        self.inner.append_trailing(slot, ids)
+    }
+
+    fn release(&mut self, slot: SlotId) {
+        self.inner.release(slot)
+    }
+}
+
+/// The CPU codec declared split-invariant, as the GPU codec is: the engine paces packets only
+/// for such a codec. (The CPU decoder's samples differ between splits by f32 rounding; this
+/// test compares codes, not samples.)
+struct SplitInvariant(ReferenceCodec);
+
+impl CodecBackend for SplitInvariant {
+    fn name(&self) -> String {
+        self.0.name()
+    }
+
+    fn samples_per_frame(&self) -> usize {
+        self.0.samples_per_frame()
+    }
+
+    fn open(&mut self) -> anyhow::Result<CodecSlot> {
+        self.0.open()
+    }
+
+    fn decode(&mut self, batch: &[(CodecSlot, &[Frame])]) -> anyhow::Result<Vec<Vec<f32>>> {
+        self.0.decode(batch)
+    }
+
+    fn release(&mut self, slot: CodecSlot) {
+        self.0.release(slot)
+    }
+
+    fn split_invariant(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn a_loaded_engine_sends_a_packet_early_rather_than_let_the_listener_run_out() {
+    let model = load("tiny-custom-voice");
+    let frames = Slow {
+        inner: ReferenceBackend::new(&model.checkpoint).unwrap(),
+        delay: std::time::Duration::from_millis(60),
+    };
+    let decoder = Arc::new(CodecDecoder::from_checkpoint(&model.checkpoint).unwrap());
+    let codec = SplitInvariant(ReferenceCodec::new(decoder));
+    let engine = Engine::start(
+        Arc::clone(&model),
+        Box::new(frames),
+        Box::new(codec),
+        EngineOptions::default(),
+    )
+    .unwrap();
+    let (out, _) = collect(
+        engine
+            .open(request(&model, "Hello there.", 11, 21))
+            .unwrap(),
+    );
+    // The first packet (80 ms of audio) has played for a frame's time, 60 ms or more, when the
+    // second frame comes: under two frames' time is left, so that frame goes alone instead of
+    // waiting for the schedule's second.
+    assert_eq!(out.chunk_frames[..2], [1, 1]);
+    let schedule = ChunkSchedule::default();
+    for (k, &n) in out.chunk_frames.iter().enumerate() {
+        assert!(
+            n <= schedule.frames(k),
+            "packet {k}: {:?}",
+            out.chunk_frames
+        );
+    }
+    // Pacing changes the packets, not the frames.
+    assert_eq!(out.codes, generate_codes(&model, "Hello there.", 11, 21));
+    assert_eq!(out.pcm.len(), 21 * 1920);
+}
+
 #[test]
 fn concurrent_sessions_equal_their_solo_runs() {
     let model = load("tiny-custom-voice");

@@ -2112,6 +2112,10 @@ impl CodecBackend for CudaCodec {
         self.dims.samples_per_frame
     }
 
+    fn split_invariant(&self) -> bool {
+        self.options.batch_invariant
+    }
+
     fn open(&mut self) -> Result<CodecSlot> {
         let Some(slot) = self.free_slots.pop() else {
             bail!(

@@ -34,6 +34,12 @@ pub struct EngineOptions {
     pub max_frames_cap: usize,
     pub guard: RunawayGuard,
     pub schedule: ChunkSchedule,
+    /// Send a packet before the schedule's count when waiting for it would leave the listener
+    /// without audio (`paced_frames`): the frames take longer than the audio queued before
+    /// them lasts when the engine is loaded. Only with a codec whose samples do not depend on
+    /// the split (`CodecBackend::split_invariant`), so that it never changes a session's audio.
+    /// Off: every packet has the schedule's count.
+    pub pacing: bool,
     pub limits: PlanLimits,
 }
 
@@ -46,6 +52,7 @@ impl Default for EngineOptions {
             max_frames_cap: 2048,
             guard: RunawayGuard::default(),
             schedule: ChunkSchedule::default(),
+            pacing: true,
             limits: PlanLimits::default(),
         }
     }
@@ -81,8 +88,9 @@ impl Engine {
         model: Arc<Model>,
         frames: Box<dyn FrameBackend>,
         codec: Box<dyn CodecBackend>,
-        options: EngineOptions,
+        mut options: EngineOptions,
     ) -> Result<Self> {
+        options.pacing &= codec.split_invariant();
         if options.max_active == 0 {
             bail!("max_active must be at least 1");
         }
@@ -213,6 +221,7 @@ impl Engine {
             schedule: request
                 .schedule
                 .unwrap_or_else(|| self.options.schedule.clone()),
+            pacing: self.options.pacing,
             text: IncrementalText::default(),
             slot: None,
             trailing_known: 0,
@@ -226,6 +235,8 @@ impl Engine {
             accepted: Instant::now(),
             started: None,
             first_audio: None,
+            last_frame: None,
+            frame_interval: None,
             end: None,
         };
         live.push_text(tokenizer, &request.text, self.options.limits)?;
@@ -255,6 +266,7 @@ pub(super) struct Live {
     sampling: SamplingConfig,
     max_frames: usize,
     schedule: ChunkSchedule,
+    pacing: bool,
     text: IncrementalText,
     slot: Option<(SlotId, CodecSlot)>,
     /// Trailing text ids the backend holds (before the text is complete).
@@ -274,6 +286,9 @@ pub(super) struct Live {
     accepted: Instant,
     started: Option<Instant>,
     first_audio: Option<Duration>,
+    /// When the session's last frame came, and the time between its last two frames.
+    last_frame: Option<Instant>,
+    frame_interval: Option<Duration>,
     end: Option<EndReason>,
 }
 
@@ -345,7 +360,23 @@ impl Live {
         let decoded = self.pcm.len() / samples_per_frame;
         !self.pending.is_empty()
             && (self.end.is_some()
-                || decoded + self.pending.len() >= self.schedule.frames(self.chunks_out))
+                || decoded + self.pending.len() >= self.packet_frames(samples_per_frame))
+    }
+
+    /// Frames in the next packet: the schedule's count, or, with pacing, the frames it has
+    /// when the listener's queued audio would run out before the rest came.
+    fn packet_frames(&self, samples_per_frame: usize) -> usize {
+        let frames = self.schedule.frames(self.chunks_out);
+        let (Some(first), Some(interval)) = (self.first_audio, self.frame_interval) else {
+            return frames;
+        };
+        if !self.pacing {
+            return frames;
+        }
+        let sent = (self.frames_sent * samples_per_frame) as f64 / SAMPLE_RATE;
+        let played = (self.accepted + first).elapsed().as_secs_f64();
+        let have = self.pcm.len() / samples_per_frame + self.pending.len();
+        paced_frames(frames, have, sent - played, interval.as_secs_f64())
     }
 
     fn usage(&self, reason: EndReason, samples_per_frame: usize) -> Usage {
@@ -366,6 +397,19 @@ impl Live {
 }
 
 const SAMPLE_RATE: f64 = 24_000.0;
+
+/// The frames of the next packet, `target` by the schedule, when `have` frames are ready or
+/// pending and the listener has `queued` seconds of audio left, frames coming every `interval`
+/// seconds. Once the queued audio is under two intervals (the next frame, then its codec call
+/// and the packet's trip), waiting for one more frame would leave the listener in silence, so
+/// the packet goes with what it has.
+fn paced_frames(target: usize, have: usize, queued: f64, interval: f64) -> usize {
+    if have > 0 && have < target && queued < 2.0 * interval {
+        have
+    } else {
+        target
+    }
+}
 
 struct Worker {
     model: Arc<Model>,
@@ -721,6 +765,9 @@ impl Worker {
             let live = &mut self.sessions[i];
             match event {
                 FrameEvent::Frame(frame) => {
+                    let now = Instant::now();
+                    live.frame_interval = live.last_frame.map(|t| now - t);
+                    live.last_frame = Some(now);
                     live.pending.push(frame);
                     live.frames_out += 1;
                     new_frames += 1;
@@ -791,7 +838,7 @@ impl Worker {
             }
             let live = &mut self.sessions[index];
             loop {
-                let frames = live.schedule.frames(live.chunks_out);
+                let frames = live.packet_frames(spf);
                 let ready = live.pcm.len() / spf;
                 let last = live.end.is_some() && ready > 0;
                 if ready < frames && !last {
@@ -852,4 +899,23 @@ impl Worker {
 
 fn to_pcm16(sample: f32) -> i16 {
     (sample.clamp(-1.0, 1.0) * 32767.0).round() as i16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::paced_frames;
+
+    #[test]
+    fn a_packet_goes_early_only_when_the_listener_would_run_out() {
+        // Plenty of audio queued: the schedule's count, whatever is ready.
+        assert_eq!(paced_frames(8, 3, 0.5, 0.05), 8);
+        // Under two intervals of audio left: the frames there are.
+        assert_eq!(paced_frames(8, 3, 0.09, 0.05), 3);
+        assert_eq!(paced_frames(8, 1, -0.2, 0.05), 1);
+        // Nothing to send, or the packet already complete: the schedule's count.
+        assert_eq!(paced_frames(8, 0, 0.0, 0.05), 8);
+        assert_eq!(paced_frames(4, 4, 0.0, 0.05), 4);
+        // A fast engine (2.6 ms a frame) never sends early with 80 ms queued.
+        assert_eq!(paced_frames(2, 1, 0.0774, 0.0026), 2);
+    }
 }

@@ -367,12 +367,12 @@ impl Live {
     /// when the listener's queued audio would run out before the rest came.
     fn packet_frames(&self, samples_per_frame: usize) -> usize {
         let frames = self.schedule.frames(self.chunks_out);
-        let (Some(first), Some(interval)) = (self.first_audio, self.frame_interval) else {
-            return frames;
-        };
         if !self.pacing {
             return frames;
         }
+        let (Some(first), Some(interval)) = (self.first_audio, self.frame_interval) else {
+            return frames;
+        };
         let sent = (self.frames_sent * samples_per_frame) as f64 / SAMPLE_RATE;
         let played = (self.accepted + first).elapsed().as_secs_f64();
         let have = self.pcm.len() / samples_per_frame + self.pending.len();

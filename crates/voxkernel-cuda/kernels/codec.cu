@@ -807,9 +807,9 @@ __device__ float block_max(float v, float* scratch) {
 // positions), and stages every key and value row its query can see in shared memory (one round
 // trip to memory instead of one per key): earlier passes' rows from the ring, this pass's rows
 // rotated again from q|k|v, since the blocks of one launch do not wait for each other's ring
-// rows. Then the query attends to positions q - window < k <= q, k >= 0. A block per query
-// rather than per entry: an entry's queries no longer run one after another (a pass of 16
-// frames took 16 times one query's barriers). The ring holds `ring` >= window + 15 rows
+// rows. Then the query attends to positions q - window < k <= q, k >= 0. A block per query, so
+// that a pass's queries do not run one after another (16 frames would take 16 times one
+// query's barriers). The ring holds `ring` >= window + 15 rows
 // (position p at row p % ring), so a pass of up to 16 frames never overwrites a key one of its
 // own queries needs.
 

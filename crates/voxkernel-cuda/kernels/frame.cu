@@ -618,11 +618,6 @@ __device__ FirstChunks first_chunks(const bf16_t* W, int rows, int K, int split 
   return f;
 }
 
-// A warp's part of first_chunks(W, rows, K, split, pair), to be asked of L2 at the tail of the
-// product before (when the warp issues the last batch of its stream): a warp's loads are answered
-// in the order it issued them (scripts/gpu/poll_bench.cu), so there the request stands behind
-// nothing that waits for it, and the next phase's preload finds its bytes in L2, which holds the
-// polls issued after it for an L2 round trip instead of an HBM burst.
 // The lines of row r (none when r < 0) from chunk `from` to chunk `end` of a warp's part.
 __device__ __forceinline__ Prefetch row_lines(const bf16_t* W, int r, int K, int from, int end) {
   const int lane = tid() & 31;
@@ -633,6 +628,11 @@ __device__ __forceinline__ Prefetch row_lines(const bf16_t* W, int r, int K, int
   return f;
 }
 
+// A warp's part of first_chunks(W, rows, K, split, pair), to be asked of L2 at the tail of the
+// product before (when the warp issues the last batch of its stream): a warp's loads are answered
+// in the order it issued them (scripts/gpu/poll_bench.cu), so there the request stands behind
+// nothing that waits for it, and the next phase's preload finds its bytes in L2, which holds the
+// polls issued after it for an L2 round trip instead of an HBM burst.
 __device__ Prefetch prefetch_of(const bf16_t* W, int rows, int K, int split = 1, int pair = 0) {
   const int r = split_row(warp_task(0, rows, split), split, pair);
   const int2 c = warp_chunks(K >> 3, pair > 0 ? 1 : split);

@@ -27,9 +27,9 @@ use voxkernel_core::config::{CodecDecoderConfig, SpeechTokenizerConfig};
 
 use crate::runtime::{self, device_ptr, zeros};
 
-/// Frames of one stream per pass, so the attention's blocks of one entry (one per new query).
-/// The K/V ring keeps `window + 15` rows so a pass never overwrites a key one of its own
-/// queries needs.
+/// Frames of one stream per pass, and so the most attention blocks of one (head, stream): one
+/// per new query. The K/V ring keeps `window + 15` rows so a pass never overwrites a key one of
+/// its own queries needs.
 const MAX_PASS_FRAMES_PER_ENTRY: usize = 16;
 /// Limits of the attention kernel's shared arrays (`MAX_HEAD_DIM`, `MAX_WINDOW`).
 const MAX_HEAD_DIM: usize = 128;

@@ -6,6 +6,11 @@
 #   .gpu-codec/scripts/make_codec.py     random full-size speech tokenizer decoder (numpy)
 # Steps: the full-size decoder is drawn on the CPU in the background while the GPU tests run on
 # the tiny fixture codec; then the benchmark and the full-size GPU-vs-CPU check.
+# OFFICIAL=1 adds the codec of make_ckpt.py's random 0.6B checkpoint (the one the frame-kernel
+# and end-to-end checks use; every parameter random, so not conditioned like make_codec.py's):
+# the official decoder decodes 20 random frames in float32 and float64, and `codec_bench --case`
+# prints how far the GPU (f32 and tf32) and CPU decodes, and the official float32 one, are from
+# the float64 decode. OFFICIAL_ONLY=1 runs that step alone.
 set -u
 G=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/out}
@@ -15,6 +20,21 @@ export LD_LIBRARY_PATH="$(dirname "$NVRTC"):${LD_LIBRARY_PATH:-}"
 export XDG_CACHE_HOME=/tmp/vkcache
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 echo "nvrtc: $NVRTC"
+
+if [ "${OFFICIAL:-0}" = 1 ] || [ "${OFFICIAL_ONLY:-0}" = 1 ]; then
+  echo "== make_ckpt.py's full-size codec against the official float32 and float64 decodes"
+  [ -d "$G/reference" ] || tar -C "$G" -xJf "$G/reference.tar.xz"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site_off "$G"/wheels/official/*.whl "$G"/wheels/common/*.whl || exit 1
+  [ -f /tmp/ckpt06/model.safetensors ] || PYTHONPATH=/tmp/site_off timeout 400 python3 \
+    "$G/refcheck/make_ckpt.py" --out /tmp/ckpt06 --size 0.6b --type custom_voice --no-eos 2>&1 | tail -1
+  PYTHONPATH=/tmp/site_off timeout 400 python3 "$G/scripts/codec_precision.py" \
+    --speech-tokenizer /tmp/ckpt06/speech_tokenizer --frames 20 --save-case "$OUT/case.safetensors" 2>&1 \
+    | grep -v Warning
+  timeout 300 "$G/bin/codec_bench" --model /tmp/ckpt06 --case "$OUT/case.safetensors" --batches 1 \
+    --calls 10 --warmup 2 --graphs 1 --precision f32,tf32 2>&1 | tee "$OUT/official.log" | grep '"check"'
+  [ "${OFFICIAL_ONLY:-0}" = 1 ] && exit 0
+fi
 
 CKPT=/tmp/codec06
 python3 "$G/scripts/make_codec.py" --out "$CKPT" \

@@ -57,7 +57,7 @@ def compare(name, decoder32, decoder64, codes, stored=None):
     if stored is not None:
         line += f"  fixture vs f32: max {(stored - wav32).abs().max():.1e}"
     print(line)
-    return diff.abs().max().item(), wav32
+    return diff.abs().max().item(), wav32, wav64
 
 
 def main():
@@ -65,8 +65,9 @@ def main():
     ap.add_argument("root", nargs="?", default="tests/fixtures/parity")
     ap.add_argument("--speech-tokenizer", type=Path, help="decode random codes with this codec instead")
     ap.add_argument("--frames", type=int, default=12, help="random frames for --speech-tokenizer")
-    ap.add_argument("--save-case", type=Path, help="with --speech-tokenizer: write its codes and official f32 "
-                    "wav here (VOXKERNEL_CODEC_CASE of the full-size codec_decoder test)")
+    ap.add_argument("--save-case", type=Path, help="with --speech-tokenizer: write its codes, the official f32 "
+                    "wav and the f64 decode (wav64) here (VOXKERNEL_CODEC_CASE of the full-size codec_decoder "
+                    "test, codec_bench --case)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
@@ -75,9 +76,13 @@ def main():
     if args.speech_tokenizer:
         decoder32 = load_decoder(args.speech_tokenizer)
         codes = torch.randint(0, 2048, (args.frames, 16), generator=torch.Generator().manual_seed(12))
-        _, wav = compare(f"{args.frames} random frames", decoder32, copy.deepcopy(decoder32).double(), codes)
+        _, wav, wav64 = compare(f"{args.frames} random frames", decoder32, copy.deepcopy(decoder32).double(),
+                                codes)
         if args.save_case:
-            save_file({"codes": codes, "wav": wav.contiguous()}, str(args.save_case))
+            # wav64 rounded to float32 (3e-8 at most for |x| <= 1): the float64 decode, for
+            # codec_bench --case to measure every float32 decode against
+            save_file({"codes": codes, "wav": wav.contiguous(), "wav64": wav64.float().contiguous()},
+                      str(args.save_case))
         return
     worst = 0.0
     decoders = {}  # fixture checkpoints share one codec through a symlink: load each file once

@@ -2,7 +2,7 @@
 //! `codec_bench --model DIR [--calls N] [--warmup N] [--batches 1,4,16] [--graphs 1,0]
 //! [--skinny-rows 64] [--batch-invariant 1,0] [--plan-frames 1,8] [--pipelined 1,0]
 //! [--precision f32,tf32] [--frames-per-call 1,8]
-//! [--check-frames N]`.
+//! [--check-frames N] [--case FILE]`.
 //! DIR is a checkpoint (its `speech_tokenizer/` is used) or a speech tokenizer directory.
 //!
 //! Prints JSON lines: per batch size, the host-side time of `decode` calls of one frame per
@@ -11,7 +11,11 @@
 //! `--skinny-rows` settings (`CudaCodecOptions`); the GPU time per launch of one such call; then
 //! the GPU decode of random frames (frame by frame, and in one call) against the CPU reference's
 //! one-pass decode, and whether the two GPU decodes are the same bit for bit (once per
-//! `--precision`, with that precision's first mode).
+//! `--precision`, with that precision's first mode). With `--case FILE` (from
+//! `scripts/parity/codec_precision.py --save-case`: `codes`, the official float32 `wav` and its
+//! float64 decode `wav64`), the check decodes the case's codes instead and also prints how far the
+//! GPU and CPU decodes are from the official ones, and how far the official float32 decode is
+//! from its float64 one: the rounding noise of any float32 decode of that codec.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -37,6 +41,7 @@ struct Args {
     precision: Vec<CodecPrecision>,
     frames_per_call: Vec<usize>,
     check_frames: usize,
+    case: Option<PathBuf>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -53,6 +58,7 @@ fn parse_args() -> Result<Args> {
         precision: vec![CudaCodecOptions::default().precision],
         frames_per_call: vec![1],
         check_frames: 20,
+        case: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -70,10 +76,11 @@ fn parse_args() -> Result<Args> {
             "--frames-per-call" => args.frames_per_call = list(&value()?)?,
             "--plan-frames" => args.plan_frames = list(&value()?)?,
             "--check-frames" => args.check_frames = value()?.parse()?,
+            "--case" => args.case = Some(PathBuf::from(value()?)),
             other => bail!(
                 "unknown flag {other}; valid: --model, --calls, --warmup, --batches, --graphs, \
                  --skinny-rows, --batch-invariant, --plan-frames, --pipelined, --precision, \
-                 --frames-per-call, --check-frames"
+                 --frames-per-call, --check-frames, --case"
             ),
         }
     }
@@ -141,6 +148,10 @@ fn main() -> Result<()> {
     let config = SpeechTokenizerConfig::from_file(&dir.join("config.json"))?;
     let file = SafetensorsFile::open(&dir.join("model.safetensors"))?;
     let size = config.decoder_config.codebook_size;
+    let check_case = match &args.case {
+        Some(path) => Case::load(path)?,
+        None => Case::random(args.check_frames, size),
+    };
     let max_batch = args.batches.iter().copied().max().unwrap_or(1);
     let mut modes = Vec::new();
     for &graphs in &args.graphs {
@@ -169,7 +180,7 @@ fn main() -> Result<()> {
     for mode in modes {
         let options = CudaCodecOptions {
             max_streams: max_batch,
-            max_pass_frames: (max_batch * max_per_call).max(args.check_frames.min(32)),
+            max_pass_frames: (max_batch * max_per_call).max(check_case.frames.len().min(32)),
             ..mode
         };
         let mut codec = CudaCodec::new(&config, &file, options)?;
@@ -178,9 +189,9 @@ fn main() -> Result<()> {
                 bench(&mut codec, &args, batch, per_call, &options, size)?;
             }
         }
-        if !checked.contains(&options.precision) && args.check_frames > 0 {
+        if !checked.contains(&options.precision) && !check_case.frames.is_empty() {
             checked.push(options.precision);
-            check(&mut codec, &config, &file, args.check_frames, &options)?;
+            check(&mut codec, &config, &file, &check_case, &options)?;
         }
     }
     Ok(())
@@ -296,20 +307,62 @@ fn bench(
     Ok(())
 }
 
-/// The GPU decode of random frames, frame by frame and in one call, against the CPU reference's
-/// one-pass decode.
+/// The frames the full-size check decodes, and the official decodes of them when a case file
+/// gave them.
+struct Case {
+    frames: Vec<Frame>,
+    /// (name, samples): the official float32 decode (`wav`) and its float64 one (`wav64`).
+    official: Vec<(&'static str, Vec<f32>)>,
+}
+
+impl Case {
+    fn random(count: usize, codebook_size: usize) -> Self {
+        Self {
+            frames: random_frames(count, codebook_size, 99),
+            official: Vec::new(),
+        }
+    }
+
+    fn load(path: &Path) -> Result<Self> {
+        let file = SafetensorsFile::open(path)?;
+        let frames = file.frames("codes")?;
+        let mut official = Vec::new();
+        for name in ["wav", "wav64"] {
+            if file.info(name).is_some() {
+                let (wav, _) = file.f32(name)?;
+                if wav.len() != frames.len() * 1920 {
+                    bail!(
+                        "{}: {name} has {} samples, not 1920 per frame of its {} frames",
+                        path.display(),
+                        wav.len(),
+                        frames.len()
+                    );
+                }
+                official.push((name, wav));
+            }
+        }
+        if official.is_empty() {
+            bail!("{}: no official decode (`wav`) in the case", path.display());
+        }
+        Ok(Self { frames, official })
+    }
+}
+
+/// The GPU decode of the case's frames, frame by frame and in one call, against the CPU
+/// reference's one-pass decode, and all three against the case's official decodes.
 fn check(
     codec: &mut CudaCodec,
     config: &SpeechTokenizerConfig,
     file: &SafetensorsFile,
-    count: usize,
+    case: &Case,
     options: &CudaCodecOptions,
 ) -> Result<()> {
     let gpu = codec.device_name().to_string();
-    let frames = random_frames(count, config.decoder_config.codebook_size, 99);
+    let frames = &case.frames;
+    let count = frames.len();
     let started = Instant::now();
     let decoder = Arc::new(CodecDecoder::load(config, file)?);
-    let expected = decoder.decode(&frames)?;
+    let expected = decoder.decode(frames)?;
     let cpu_s = started.elapsed().as_secs_f64();
     let slot = codec.open()?;
     let mut by_frame = Vec::with_capacity(expected.len());
@@ -318,7 +371,7 @@ fn check(
     }
     codec.release(slot);
     let slot = codec.open()?;
-    let whole = codec.decode(&[(slot, &frames)])?.remove(0);
+    let whole = codec.decode(&[(slot, frames)])?.remove(0);
     codec.release(slot);
     // Batch-invariant plans promise the same samples whatever a pass holds: one frame per pass
     // (a one-frame plan's deep splits) and every frame in one pass (the same splits over many
@@ -356,6 +409,38 @@ fn check(
                 "cpu_seconds": cpu_s,
             })
         );
+    }
+    for (reference, official) in &case.official {
+        let mut decodes = vec![
+            ("gpu_frame_by_frame", &by_frame),
+            ("gpu_one_call", &whole),
+            ("cpu_one_pass", &expected),
+        ];
+        if *reference == "wav64" {
+            // the rounding noise of the official float32 decode itself
+            decodes.extend(
+                case.official
+                    .iter()
+                    .filter(|(n, _)| *n == "wav")
+                    .map(|(_, w)| ("official_f32", w)),
+            );
+        }
+        for (what, wav) in decodes {
+            let (max_abs, rms) = distance(wav, official);
+            println!(
+                "{}",
+                serde_json::json!({
+                    "check": "codec_vs_official",
+                    "gpu": gpu,
+                    "precision": format!("{:?}", options.precision),
+                    "frames": count,
+                    "decode": what,
+                    "official": if *reference == "wav" { "float32" } else { "float64" },
+                    "max_abs": max_abs,
+                    "rms": rms,
+                })
+            );
+        }
     }
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! `voxkernel synth`: one request, start to finish, to a WAV file.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -28,6 +28,7 @@ pub struct SynthArgs {
     /// Checkpoint directory or hub id.
     #[arg(long)]
     model: String,
+    /// The text to speak.
     #[arg(long)]
     text: String,
     /// Preset speaker (CustomVoice models).
@@ -86,6 +87,11 @@ pub struct SynthArgs {
 }
 
 pub fn run(args: SynthArgs) -> Result<()> {
+    // Before the download, the load and the synthesis, not after them.
+    check_output("--output", &args.output)?;
+    if let Some(path) = &args.codes_out {
+        check_output("--codes-out", path)?;
+    }
     let dir = voxkernel_core::hub::resolve_model(&args.model)?;
     let model = Model::load(&dir)?;
     let config = &model.checkpoint.config;
@@ -124,7 +130,7 @@ pub fn run(args: SynthArgs) -> Result<()> {
             TextModeArg::Streaming => TextMode::Streaming,
         }),
     };
-    let plan = model.plan(&request)?;
+    let plan = model.plan(&request).map_err(with_flag_names)?;
     let talker = SamplerOverrides {
         greedy: args.greedy,
         temperature: args.temperature,
@@ -237,7 +243,45 @@ fn clone_voice(model: &Model, args: &SynthArgs) -> Result<ClonedVoice> {
     Ok(voice)
 }
 
-fn write_wav(path: &std::path::Path, pcm: &[f32]) -> Result<()> {
+/// A file path that can be created: not a directory, in a directory that exists.
+fn check_output(flag: &str, path: &Path) -> Result<()> {
+    if path.is_dir() {
+        bail!(
+            "{flag} {}: is a directory; give a file path",
+            path.display()
+        );
+    }
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !parent.is_dir() {
+        bail!(
+            "{flag} {}: the directory {} does not exist",
+            path.display(),
+            parent.display()
+        );
+    }
+    Ok(())
+}
+
+/// The request's errors name its fields (`voice.speaker: ...`); the user typed the flags.
+fn with_flag_names(error: anyhow::Error) -> anyhow::Error {
+    let message = format!("{error:#}");
+    for (field, flag) in [
+        ("voice.speaker:", "--speaker:"),
+        ("text.target:", "--text:"),
+        ("language:", "--language:"),
+        ("instruct:", "--instruct:"),
+    ] {
+        if let Some(rest) = message.strip_prefix(field) {
+            return anyhow::anyhow!("{flag}{rest}");
+        }
+    }
+    error
+}
+
+fn write_wav(path: &Path, pcm: &[f32]) -> Result<()> {
     let spec = hound::WavSpec {
         channels: 1,
         sample_rate: 24_000,

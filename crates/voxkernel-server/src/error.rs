@@ -23,6 +23,22 @@ impl FieldError {
             field,
         }
     }
+
+    /// A deserialisation error about a whole object names its field only inside its text
+    /// ("missing field `input` at line 1 column 32"); this puts the field first, as every
+    /// other error does. `prefix` is where the object sits (empty for the top level).
+    pub fn of_object(prefix: &str, error: &str) -> Option<Self> {
+        for (lead, what) in [
+            ("missing field `", "missing; it is required"),
+            ("duplicate field `", "given more than once"),
+        ] {
+            if let Some(rest) = error.strip_prefix(lead) {
+                let name = rest.split('`').next()?;
+                return Some(Self::new(format!("{prefix}{name}"), what));
+            }
+        }
+        None
+    }
 }
 
 #[derive(Debug)]

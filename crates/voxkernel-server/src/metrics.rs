@@ -71,7 +71,7 @@ impl Metrics {
             Opts::new(
                 "voxkernel_sessions_finished_total",
                 "Sessions that ended, by finish reason (eos, max_frames, runaway_guard, \
-                 cancelled, disconnected, error)",
+                 cancelled, disconnected, error), also those that ended before they got a slot",
             ),
             &["finish_reason"],
         )

@@ -17,9 +17,10 @@ use tokio_stream::StreamMap;
 use tracing::Instrument;
 use voxkernel_core::engine::{OpenError, SessionEvent, SessionEvents, SessionHandle, Usage};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, FieldError};
 use crate::metrics::GaugeGuard;
 use crate::request::{SamplingFields, Settings, TextModeField};
+use crate::speech::object_prefix;
 use crate::state::{AppState, Phase, WsConnectionGuard};
 
 pub async fn upgrade(State(state): State<Arc<AppState>>, ws: WebSocketUpgrade) -> Response {
@@ -57,6 +58,13 @@ struct Context {
     has_text: bool,
     chars: usize,
     _open: GaugeGuard,
+}
+
+impl Context {
+    /// Whether the client may still add text (neither flushed nor cancelled).
+    fn takes_text(&self) -> bool {
+        !self.flushed && !self.cancelled
+    }
 }
 
 struct Connection {
@@ -174,7 +182,21 @@ impl Connection {
             }
             let out = tokio::select! {
                 message = incoming.next() => match message {
-                    Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
+                    Some(Ok(Message::Close(_))) | None => break,
+                    Some(Err(error)) => {
+                        if message_too_big(error) {
+                            let frame = CloseFrame {
+                                code: close_code::SIZE,
+                                reason: format!(
+                                    "a message may hold at most {} bytes",
+                                    self.state.options.max_ws_message_bytes
+                                )
+                                .into(),
+                            };
+                            let _ = sink.send(Message::Close(Some(frame))).await;
+                        }
+                        break;
+                    }
                     Some(Ok(message)) => self.on_message(message),
                 },
                 Some((id, event)) = self.events.next(), if !self.events.is_empty() => {
@@ -225,7 +247,7 @@ impl Connection {
         }
     }
 
-    /// Handles one client message. An error tied to a context closes that context.
+    /// Handles one client message. An error tied to a context whose text is open closes it.
     fn on_text(&mut self, text: &str) -> Result<(), (Option<String>, WsError)> {
         let value: Value = serde_json::from_str(text)
             .map_err(|e| (None, WsError::new("invalid_json", format!("not JSON: {e}"))))?;
@@ -258,7 +280,10 @@ impl Connection {
             ))),
         };
         result.map_err(|e| {
-            if e.code != "unknown_context" {
+            // What the client meant for a context whose text is still open is unknown, so the
+            // error closes it; a flushed or cancelled context has all its text already and runs
+            // to its done whatever stray message follows.
+            if self.contexts.get(&id).is_some_and(Context::takes_text) {
                 self.close(&id);
             }
             (Some(id), e)
@@ -270,7 +295,7 @@ impl Connection {
         let limit = self.state.options.max_text_chars;
         let chars = message.text.chars().count();
         if let Some(context) = self.contexts.get_mut(id) {
-            if context.flushed || context.cancelled {
+            if !context.takes_text() {
                 return Err(WsError::new(
                     "context_closed",
                     format!(
@@ -359,7 +384,7 @@ impl Connection {
     fn flush(&mut self, id: &str) -> Result<(), WsError> {
         let context = self.contexts.get_mut(id).ok_or_else(|| unknown(id))?;
         // A repeated flush, or one after cancel, changes nothing.
-        if context.flushed || context.cancelled {
+        if !context.takes_text() {
             return Ok(());
         }
         if !context.has_text {
@@ -441,6 +466,14 @@ impl Connection {
     }
 }
 
+/// Whether reading failed on a message or frame over the connection's size limit.
+fn message_too_big(error: axum::Error) -> bool {
+    error
+        .into_inner()
+        .downcast_ref::<tokio_tungstenite::tungstenite::Error>()
+        .is_some_and(|e| matches!(e, tokio_tungstenite::tungstenite::Error::Capacity(_)))
+}
+
 fn unknown(id: &str) -> WsError {
     WsError::new(
         "unknown_context",
@@ -452,11 +485,11 @@ fn unknown(id: &str) -> WsError {
 fn parse<T: DeserializeOwned>(value: Value) -> Result<T, WsError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
-        let inner = e.into_inner();
-        WsError::invalid(if path == "." {
-            inner.to_string()
-        } else {
-            format!("{path}: {inner}")
+        let inner = e.into_inner().to_string();
+        WsError::invalid(match FieldError::of_object(&object_prefix(&path), &inner) {
+            Some(e) => e.message,
+            None if path == "." => inner,
+            None => format!("{path}: {inner}"),
         })
     })
 }

@@ -198,13 +198,32 @@ async fn bad_requests_get_400s_naming_the_field_and_the_valid_values() {
         "{message}"
     );
 
+    // A missing or repeated field is named first and in `param`, like every other error.
     let response = post_json(server.addr, "/v1/audio/speech", &json!({"model": "tts-1"})).await;
     assert_eq!(response.status, 400);
+    let error = response.error();
+    assert_eq!(error["param"], "input", "{error}");
     assert!(
-        response.error()["message"]
+        error["message"]
             .as_str()
             .unwrap()
-            .contains("input")
+            .starts_with("input: missing"),
+        "{error}"
+    );
+    let response = http(
+        server.addr,
+        "POST",
+        "/v1/audio/speech",
+        &[("content-type", "application/json")],
+        br#"{"model": "tts-1", "model": "tts-1", "input": "Hi", "voice": "ryan"}"#,
+    )
+    .await;
+    assert_eq!(response.status, 400);
+    let error = response.error();
+    assert_eq!(error["param"], "model", "{error}");
+    assert!(
+        error["message"].as_str().unwrap().starts_with("model: "),
+        "{error}"
     );
 
     let response = http(

@@ -1,6 +1,6 @@
 //! The WebSocket context protocol (docs/protocol.md).
 
-use futures::SinkExt;
+use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -177,7 +177,7 @@ async fn malformed_messages_get_errors_and_the_connection_survives() {
     )
     .await;
     let message = error(&recv_json(&mut ws).await, json!("x"), "invalid_request");
-    assert!(message.contains("text"), "{message}");
+    assert!(message.starts_with("text: missing"), "{message}");
 
     // Context life cycle errors.
     send(&mut ws, flush("nobody")).await;
@@ -221,9 +221,41 @@ async fn malformed_messages_get_errors_and_the_connection_survives() {
     send(&mut ws, flush("ok")).await;
     send(&mut ws, speak("ok", " More?")).await;
     error(&recv_json(&mut ws).await, json!("ok"), "context_closed");
+    // A stray speak neither cuts the flushed "ok" nor keeps the cancelled "hold" from its done.
+    // (The speak after the cancel is refused with context_closed if it comes before that done,
+    // else it opens a new "hold" without a voice: an invalid_request. Either way it is one
+    // error, and both contexts end with their done.)
     send(&mut ws, json!({"type": "cancel", "context_id": "hold"})).await;
-    let (_, done) = collect_context(&mut ws, "hold", &mut Vec::new()).await;
-    assert_eq!(done["finish_reason"], "cancelled");
+    send(&mut ws, speak("hold", "more")).await;
+    let mut received = Vec::new();
+    let mut hold_error = None;
+    while received
+        .iter()
+        .filter(|m| matches!(m, Received::Json(v) if v["type"] == "done"))
+        .count()
+        < 2
+    {
+        match recv(&mut ws).await {
+            Received::Json(v) if v["type"] == "error" => {
+                assert!(hold_error.is_none(), "a second error: {v}");
+                hold_error = Some(v);
+            }
+            other => received.push(other),
+        }
+    }
+    let hold_error = match hold_error {
+        Some(v) => v,
+        None => recv_json(&mut ws).await,
+    };
+    assert_eq!(hold_error["context_id"], "hold", "{hold_error}");
+    assert!(
+        ["context_closed", "invalid_request"].contains(&hold_error["code"].as_str().unwrap()),
+        "{hold_error}"
+    );
+    let ended = collect_contexts(&mut ws, &["hold", "ok"], received).await;
+    assert_eq!(ended["hold"].1["finish_reason"], "cancelled");
+    assert_eq!(ended["ok"].1["finish_reason"], "max_frames");
+    assert_eq!(ended["ok"].0.len(), 6 * 1920);
     // A context works, and an id is reusable after its done.
     for _ in 0..2 {
         send(&mut ws, first_speak("ok", "All good.", 0)).await;
@@ -240,6 +272,33 @@ async fn malformed_messages_get_errors_and_the_connection_survives() {
     assert_eq!(metrics["voxkernel_ws_contexts"], 0.0);
     assert_eq!(metrics["voxkernel_ws_connections"], 1.0);
     drop(ws);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_the_limit_closes_the_connection_with_1009() {
+    let options = voxkernel_server::ServerOptions::new("tiny");
+    let max = options.max_ws_message_bytes;
+    let server = TestServer::start(engine_options(1, 8, 6), options).await;
+    let mut ws = ws_connect(&server).await;
+    send(&mut ws, first_speak("a", "Hello ", 1)).await;
+    let text = "x".repeat(max);
+    send(&mut ws, speak("a", &text)).await;
+    let close = loop {
+        match tokio::time::timeout(HANG, ws.next())
+            .await
+            .expect("the server hung")
+        {
+            Some(Ok(Message::Close(frame))) => break frame,
+            Some(Ok(_)) => continue,
+            other => panic!("no close frame: {other:?}"),
+        }
+    };
+    let close = close.expect("a close code");
+    assert_eq!(u16::from(close.code), 1009, "{close:?}");
+    assert!(close.reason.contains(&max.to_string()), "{close:?}");
+    // The connection's context was cancelled with it.
+    server.wait_idle().await;
+    assert_eq!(metrics(server.addr).await["voxkernel_ws_contexts"], 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

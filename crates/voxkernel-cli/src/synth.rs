@@ -49,23 +49,31 @@ pub struct SynthArgs {
     /// Base models: clone from the speaker embedding of --ref-audio alone (no transcript).
     #[arg(long)]
     x_vector_only: bool,
+    /// Seeds the sampling: the same seed, text and settings give the same audio.
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Argmax decoding for both the talker and the sub-talker.
     #[arg(long)]
     greedy: bool,
+    /// Talker (codebook 0) temperature, > 0. Default: generation_config.json's.
     #[arg(long)]
     temperature: Option<f32>,
+    /// Talker top-k (0 keeps every code). Default: generation_config.json's.
     #[arg(long)]
     top_k: Option<usize>,
+    /// Talker top-p, in (0, 1]. Default: generation_config.json's.
     #[arg(long)]
     top_p: Option<f32>,
+    /// Talker repetition penalty, > 0. Default: generation_config.json's.
     #[arg(long)]
     repetition_penalty: Option<f32>,
+    /// Sub-talker (codebooks 1-15) temperature, > 0. Default: generation_config.json's.
     #[arg(long)]
     subtalker_temperature: Option<f32>,
+    /// Sub-talker top-k (0 keeps every code). Default: generation_config.json's.
     #[arg(long)]
     subtalker_top_k: Option<usize>,
+    /// Sub-talker top-p, in (0, 1]. Default: generation_config.json's.
     #[arg(long)]
     subtalker_top_p: Option<f32>,
     /// Default: the official one for the voice (whole for preset and designed voices,

@@ -24,6 +24,12 @@ impl FieldError {
         }
     }
 
+    /// A deserialisation error of one field, in JSON's words rather than Rust's ("expected
+    /// f64" is "expected a number").
+    pub fn of_value(field: impl Into<String>, error: &str) -> Self {
+        Self::new(field, json_words(error))
+    }
+
     /// A deserialisation error about a whole object names its field only inside its text
     /// ("missing field `input` at line 1 column 32"); this puts the field first, as every
     /// other error does. `prefix` is where the object sits (empty for the top level).
@@ -128,6 +134,22 @@ impl ApiError {
             _ => "server_error",
         }
     }
+}
+
+/// serde names the Rust type a value should have had; a client wrote JSON.
+pub fn json_words(error: &str) -> String {
+    let mut out = error.to_string();
+    for (rust, json) in [
+        ("expected f64", "expected a number"),
+        ("expected f32", "expected a number"),
+        ("expected u64", "expected a whole number >= 0"),
+        ("expected u32", "expected a whole number >= 0"),
+        ("expected usize", "expected a whole number >= 0"),
+        ("expected a boolean", "expected true or false"),
+    ] {
+        out = out.replace(rust, json);
+    }
+    out
 }
 
 impl From<FieldError> for ApiError {

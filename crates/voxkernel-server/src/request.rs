@@ -109,9 +109,15 @@ impl Settings<'_> {
                 }
             },
         )
-        .map_err(|e| FieldError {
-            field: "sampling".into(),
-            message: format!("{e:#}"),
+        .map_err(|e| {
+            // "sampling.top_p must be in (0, 1], got 0": the field is the first word
+            let message = format!("{e:#}");
+            match message.split_once(' ') {
+                Some((field, rest)) if field.starts_with("sampling.") => {
+                    FieldError::new(field, rest)
+                }
+                _ => FieldError::new("sampling", message),
+            }
         })?;
         Ok(SessionRequest {
             voice,

@@ -324,6 +324,14 @@ pub fn object_prefix(path: &str) -> String {
 
 /// Parses a JSON body, naming the offending field.
 pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    // serde would take a JSON array as the fields in order; a request is an object.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{')
+        && serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok()
+    {
+        return Err(ApiError::invalid(
+            "body: must be a JSON object of named fields",
+        ));
+    }
     let mut de = serde_json::Deserializer::from_slice(body);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
@@ -335,7 +343,7 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
         } else if path == "." {
             ApiError::invalid(inner.to_string())
         } else {
-            FieldError::new(path, inner).into()
+            FieldError::of_value(path, &inner.to_string()).into()
         }
     })?;
     de.end()

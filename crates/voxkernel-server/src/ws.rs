@@ -489,7 +489,7 @@ fn parse<T: DeserializeOwned>(value: Value) -> Result<T, WsError> {
         WsError::invalid(match FieldError::of_object(&object_prefix(&path), &inner) {
             Some(e) => e.message,
             None if path == "." => inner,
-            None => format!("{path}: {inner}"),
+            None => FieldError::of_value(path, &inner).message,
         })
     })
 }

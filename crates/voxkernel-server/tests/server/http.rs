@@ -146,20 +146,25 @@ async fn bad_requests_get_400s_naming_the_field_and_the_valid_values() {
         ),
         (
             speech(json!({"sampling": {"top_p": 1.5}})),
-            "sampling",
-            &["sampling.top_p", "(0, 1]"],
+            "sampling.top_p",
+            &["(0, 1]"],
         ),
         (
             speech(json!({"sampling": {"temperature": 0}})),
-            "sampling",
-            &["sampling.temperature"],
+            "sampling.temperature",
+            &["> 0"],
         ),
         (
             speech(json!({"sampling": {"top_k": -1}})),
             "sampling.top_k",
-            &["-1"],
+            &["-1", "a whole number >= 0"],
         ),
-        (speech(json!({"seed": "seven"})), "seed", &["seven"]),
+        (
+            speech(json!({"seed": "seven"})),
+            "seed",
+            &["seven", "a whole number >= 0"],
+        ),
+        (speech(json!({"speed": "fast"})), "speed", &["a number"]),
         (
             speech(json!({"text_mode": "eventually"})),
             "text_mode",
@@ -196,6 +201,25 @@ async fn bad_requests_get_400s_naming_the_field_and_the_valid_values() {
     assert!(
         message.contains("pitch") && message.contains("input"),
         "{message}"
+    );
+
+    // A JSON array is not taken as the fields in order.
+    let response = post_json(
+        server.addr,
+        "/v1/audio/speech",
+        &json!([
+            "tts-1", "Hi", "ryan", null, "pcm", null, null, null, null, null, null
+        ]),
+    )
+    .await;
+    assert_eq!(response.status, 400);
+    let error = response.error();
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("body: must be a JSON object"),
+        "{error}"
     );
 
     // A missing or repeated field is named first and in `param`, like every other error.

@@ -648,8 +648,11 @@ class VoxkernelTTSService(WebsocketTTSService):
                     category=category,
                 )
                 return
-            # Any other error tied to a context closes that context on the
-            # server, and no `done` follows.
+            # Any other error for a context still open here closes it on the
+            # server, and no `done` follows: the engine failed it, or a message
+            # was refused while its text was open. (An error about a message
+            # sent after `flush` or `cancel` would leave the context running,
+            # but this service sends nothing to a context after either.)
             self._open_contexts.discard(context_id)
             self._flushed_contexts.discard(context_id)
             self._failed_contexts.add(context_id)

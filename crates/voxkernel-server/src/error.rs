@@ -24,26 +24,26 @@ impl FieldError {
         }
     }
 
-    /// A deserialisation error of one field, in JSON's words rather than Rust's ("expected
-    /// f64" is "expected a number").
-    pub fn of_value(field: impl Into<String>, error: &str) -> Self {
-        Self::new(field, json_words(error))
-    }
-
-    /// A deserialisation error about a whole object names its field only inside its text
-    /// ("missing field `input` at line 1 column 32"); this puts the field first, as every
-    /// other error does. `prefix` is where the object sits (empty for the top level).
-    pub fn of_object(prefix: &str, error: &str) -> Option<Self> {
+    /// A deserialisation error at `path` (serde_path_to_error's, "." for the top level), named by
+    /// its field and in JSON's words rather than Rust's ("expected f64" is "expected a
+    /// number"). None for an error about the top level that names no field.
+    pub fn of_deserialize(path: &str, error: &str) -> Option<Self> {
+        // Errors about a whole object name their field only inside the text ("missing field
+        // `input` at line 1 column 32").
+        let prefix = if path == "." {
+            String::new()
+        } else {
+            format!("{path}.")
+        };
         for (lead, what) in [
             ("missing field `", "missing; it is required"),
             ("duplicate field `", "given more than once"),
         ] {
-            if let Some(rest) = error.strip_prefix(lead) {
-                let name = rest.split('`').next()?;
+            if let Some(name) = error.strip_prefix(lead).and_then(|r| r.split('`').next()) {
                 return Some(Self::new(format!("{prefix}{name}"), what));
             }
         }
-        None
+        (path != ".").then(|| Self::new(path, json_words(error)))
     }
 }
 
@@ -137,7 +137,7 @@ impl ApiError {
 }
 
 /// serde names the Rust type a value should have had; a client wrote JSON.
-pub fn json_words(error: &str) -> String {
+fn json_words(error: &str) -> String {
     let mut out = error.to_string();
     for (rust, json) in [
         ("expected f64", "expected a number"),

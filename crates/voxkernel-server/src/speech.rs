@@ -312,16 +312,6 @@ fn sse_event(value: &Value) -> Vec<u8> {
     format!("data: {value}\n\n").into_bytes()
 }
 
-/// Where the object an error is about sits, as a field-name prefix: "" for the top level,
-/// "sampling." for a field of `sampling`.
-pub fn object_prefix(path: &str) -> String {
-    if path == "." {
-        String::new()
-    } else {
-        format!("{path}.")
-    }
-}
-
 /// Parses a JSON body, naming the offending field.
 pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     // serde would take a JSON array as the fields in order; a request is an object.
@@ -338,12 +328,12 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
         let inner = e.into_inner();
         if inner.is_syntax() || inner.is_eof() {
             ApiError::invalid_json(format!("body: not valid JSON: {inner}"))
-        } else if let Some(e) = FieldError::of_object(&object_prefix(&path), &inner.to_string()) {
-            e.into()
-        } else if path == "." {
-            ApiError::invalid(inner.to_string())
         } else {
-            FieldError::of_value(path, &inner.to_string()).into()
+            let inner = inner.to_string();
+            match FieldError::of_deserialize(&path, &inner) {
+                Some(e) => e.into(),
+                None => ApiError::invalid(inner),
+            }
         }
     })?;
     de.end()

@@ -20,7 +20,6 @@ use voxkernel_core::engine::{OpenError, SessionEvent, SessionEvents, SessionHand
 use crate::error::{ApiError, FieldError};
 use crate::metrics::GaugeGuard;
 use crate::request::{SamplingFields, Settings, TextModeField};
-use crate::speech::object_prefix;
 use crate::state::{AppState, Phase, WsConnectionGuard};
 
 pub async fn upgrade(State(state): State<Arc<AppState>>, ws: WebSocketUpgrade) -> Response {
@@ -486,10 +485,9 @@ fn parse<T: DeserializeOwned>(value: Value) -> Result<T, WsError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner().to_string();
-        WsError::invalid(match FieldError::of_object(&object_prefix(&path), &inner) {
+        WsError::invalid(match FieldError::of_deserialize(&path, &inner) {
             Some(e) => e.message,
-            None if path == "." => inner,
-            None => FieldError::of_value(path, &inner).message,
+            None => inner,
         })
     })
 }

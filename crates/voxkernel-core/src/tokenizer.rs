@@ -35,6 +35,44 @@ const TARGET_SUFFIX_LEN: usize = 5;
 /// Tokens of `"<|im_end|>\n"` that follow the reference text.
 const REFERENCE_SUFFIX_LEN: usize = 2;
 
+/// The error detail for text without a speakable character, after the field's name.
+pub const NOTHING_TO_SPEAK: &str =
+    "empty, or only whitespace and invisible characters; give the text to speak";
+
+/// Whether `text` has anything to say: a character that is neither whitespace nor invisible.
+///
+/// Text of zero-width spaces, joiners, soft hyphens, byte-order marks or variation selectors
+/// still tokenizes to ids, and the talker would speak those ids as noise until it stops; a
+/// request made only of them is as empty as one made only of spaces. The invisible set is
+/// Unicode's default-ignorable code points.
+pub fn has_speakable_text(text: &str) -> bool {
+    text.chars()
+        .any(|c| !c.is_whitespace() && !is_default_ignorable(c))
+}
+
+fn is_default_ignorable(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00AD}'
+            | '\u{034F}'
+            | '\u{061C}'
+            | '\u{115F}'..='\u{1160}'
+            | '\u{17B4}'..='\u{17B5}'
+            | '\u{180B}'..='\u{180F}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{202A}'..='\u{202E}'
+            | '\u{2060}'..='\u{206F}'
+            | '\u{3164}'
+            | '\u{FE00}'..='\u{FE0F}'
+            | '\u{FEFF}'
+            | '\u{FFA0}'
+            | '\u{FFF0}'..='\u{FFF8}'
+            | '\u{1BCA0}'..='\u{1BCA3}'
+            | '\u{1D173}'..='\u{1D17A}'
+            | '\u{E0000}'..='\u{E0FFF}'
+    )
+}
+
 /// One entry of `added_tokens_decoder` in `tokenizer_config.json`.
 #[derive(Debug, Deserialize)]
 struct AddedTokenEntry {
@@ -250,7 +288,32 @@ fn add_tokens_in_id_order(
 
 #[cfg(test)]
 mod tests {
-    use super::python_slice;
+    use super::{has_speakable_text, python_slice};
+
+    #[test]
+    fn only_whitespace_or_invisible_characters_have_nothing_to_speak() {
+        for blank in [
+            "",
+            " \t\n",
+            "\u{200B}",
+            "\u{00A0}\u{FEFF}",
+            " \u{200D}\u{2060}\u{00AD} ",
+            "\u{FE0F}\u{E0041}",
+        ] {
+            assert!(!has_speakable_text(blank), "{blank:?}");
+        }
+        for speakable in [
+            "a",
+            " \u{200B}hi",
+            "\u{4F60}",
+            "\u{1F600}",
+            "1",
+            ".",
+            "a\u{FE0F}",
+        ] {
+            assert!(has_speakable_text(speakable), "{speakable:?}");
+        }
+    }
 
     #[test]
     fn python_slice_matches_python_semantics() {

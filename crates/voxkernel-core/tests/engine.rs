@@ -634,6 +634,24 @@ fn streamed_text_equals_whole_text_in_streaming_mode() {
 }
 
 #[test]
+fn streamed_text_of_only_invisible_characters_ends_in_an_error() {
+    let model = load("tiny-custom-voice");
+    let engine = engine(&model, EngineOptions::default());
+    let mut first = request(&model, "\u{200B}", 5, 30);
+    first.text_complete = false;
+    let mut session = engine.open(first).unwrap();
+    session.handle.push_text(" \u{FEFF}\u{2060}");
+    session.handle.finish_text();
+    match session.events.blocking_recv() {
+        Some(SessionEvent::Error(e)) => {
+            assert!(e.starts_with("text") && e.contains("invisible"), "{e}")
+        }
+        Some(SessionEvent::Audio(_)) => panic!("audio for text with nothing to speak"),
+        other => panic!("expected an error, got {:?}", other.map(|_| ())),
+    }
+}
+
+#[test]
 fn cancel_ends_the_session_and_frees_its_slot() {
     let model = load("tiny-custom-voice");
     let engine = engine(&model, EngineOptions::default());
@@ -765,6 +783,11 @@ fn bad_requests_name_the_field() {
 
     let message = error(request(&model, "   ", 1, 5));
     assert!(message.starts_with("text"), "{message}");
+    let message = error(request(&model, " \u{200B}\u{FEFF}\u{2060}", 1, 5));
+    assert!(
+        message.starts_with("text") && message.contains("invisible"),
+        "{message}"
+    );
 
     let mut req = request(&model, "Hi.", 1, 5);
     req.sampling.talker.top_p = 1.5;

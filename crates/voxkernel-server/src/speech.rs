@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tracing::Instrument;
 use voxkernel_core::engine::{SessionEvent, SessionEvents, Usage};
+use voxkernel_core::tokenizer::{NOTHING_TO_SPEAK, has_speakable_text};
 
 use crate::audio::{AudioFormat, Encoder};
 use crate::error::{ApiError, FieldError};
@@ -87,8 +88,8 @@ pub async fn speech(
         )
         .into());
     }
-    if request.input.trim().is_empty() {
-        return Err(FieldError::new("input", "empty; give the text to speak").into());
+    if !has_speakable_text(&request.input) {
+        return Err(FieldError::new("input", NOTHING_TO_SPEAK).into());
     }
     state.check_text_length("input", &request.input)?;
     if let Some(speed) = request.speed

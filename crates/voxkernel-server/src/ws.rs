@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use tokio_stream::StreamMap;
 use tracing::Instrument;
 use voxkernel_core::engine::{OpenError, SessionEvent, SessionEvents, SessionHandle, Usage};
+use voxkernel_core::tokenizer::has_speakable_text;
 
 use crate::error::{ApiError, FieldError};
 use crate::metrics::GaugeGuard;
@@ -321,7 +322,7 @@ impl Connection {
                 )));
             }
             context.chars += chars;
-            context.has_text |= !message.text.trim().is_empty();
+            context.has_text |= has_speakable_text(&message.text);
             if !message.text.is_empty() {
                 context.handle.push_text(&message.text);
             }
@@ -347,7 +348,7 @@ impl Connection {
             seed: message.seed,
             sampling: message.sampling.as_ref(),
         };
-        let has_text = !message.text.trim().is_empty();
+        let has_text = has_speakable_text(&message.text);
         let request = settings
             .session_request(&self.state, message.text, false)
             .map_err(|e| WsError::invalid(e.message))?;

@@ -21,6 +21,7 @@ use crate::backend::{
 };
 use crate::prompt::{self, PlanLimits, PromptRequest, TextIds, TextMode};
 use crate::sampling::SamplingConfig;
+use crate::tokenizer::{NOTHING_TO_SPEAK, has_speakable_text};
 
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
@@ -200,8 +201,8 @@ impl Engine {
             instruct.as_deref(),
             self.options.limits,
         )?;
-        if request.text_complete && request.text.trim().is_empty() {
-            bail!("text: empty; give the text to speak");
+        if request.text_complete && !has_speakable_text(&request.text) {
+            bail!("text: {NOTHING_TO_SPEAK}");
         }
         let cap = self.options.max_frames_cap;
         let max_frames = match request.max_frames {
@@ -516,8 +517,8 @@ impl Worker {
             None => {
                 let rest = live.text.finish(tokenizer)?;
                 live.check_length(self.options.limits)?;
-                if live.text.committed().is_empty() {
-                    bail!("text: empty; give the text to speak");
+                if !has_speakable_text(live.text.text()) {
+                    bail!("text: {NOTHING_TO_SPEAK}");
                 }
                 rest
             }

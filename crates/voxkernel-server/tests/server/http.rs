@@ -135,6 +135,11 @@ async fn bad_requests_get_400s_naming_the_field_and_the_valid_values() {
         ),
         (speech(json!({"input": "  "})), "input", &["empty"]),
         (
+            speech(json!({"input": " \u{200B}\u{FEFF}\u{2060} "})),
+            "input",
+            &["empty", "invisible"],
+        ),
+        (
             speech(json!({"input": "a".repeat(4097)})),
             "input",
             &["4097", "4096"],

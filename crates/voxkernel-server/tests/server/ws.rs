@@ -196,6 +196,12 @@ async fn malformed_messages_get_errors_and_the_connection_survives() {
     send(&mut ws, flush("y")).await;
     let message = error(&recv_json(&mut ws).await, json!("y"), "invalid_request");
     assert!(message.starts_with("text"), "{message}");
+    // Zero-width characters tokenize to ids, but there is nothing in them to speak.
+    send(&mut ws, first_speak("w", "\u{200B}", 1)).await;
+    send(&mut ws, speak("w", " \u{FEFF}\u{2060}")).await;
+    send(&mut ws, flush("w")).await;
+    let message = error(&recv_json(&mut ws).await, json!("w"), "invalid_request");
+    assert!(message.contains("no text to speak"), "{message}");
     send(&mut ws, first_speak("z", "Hello ", 1)).await;
     send(
         &mut ws,

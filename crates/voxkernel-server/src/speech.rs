@@ -17,7 +17,7 @@ use voxkernel_core::engine::{SessionEvent, SessionEvents, Usage};
 use voxkernel_core::tokenizer::{NOTHING_TO_SPEAK, has_speakable_text};
 
 use crate::audio::{AudioFormat, Encoder};
-use crate::error::{ApiError, FieldError};
+use crate::error::{ApiError, FieldError, is_number_out_of_range};
 use crate::metrics::GaugeGuard;
 use crate::request::{SamplingFields, Settings, TextModeField};
 use crate::state::{AppState, Phase};
@@ -327,7 +327,7 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
-        if inner.is_syntax() || inner.is_eof() {
+        if (inner.is_syntax() && !is_number_out_of_range(&inner)) || inner.is_eof() {
             ApiError::invalid_json(format!("body: not valid JSON: {inner}"))
         } else {
             let inner = inner.to_string();

@@ -18,7 +18,7 @@ use tracing::Instrument;
 use voxkernel_core::engine::{OpenError, SessionEvent, SessionEvents, SessionHandle, Usage};
 use voxkernel_core::tokenizer::has_speakable_text;
 
-use crate::error::{ApiError, FieldError};
+use crate::error::{ApiError, FieldError, is_number_out_of_range};
 use crate::metrics::GaugeGuard;
 use crate::request::{SamplingFields, Settings, TextModeField};
 use crate::state::{AppState, Phase, WsConnectionGuard};
@@ -249,8 +249,20 @@ impl Connection {
 
     /// Handles one client message. An error tied to a context whose text is open closes it.
     fn on_text(&mut self, text: &str) -> Result<(), (Option<String>, WsError)> {
-        let value: Value = serde_json::from_str(text)
-            .map_err(|e| (None, WsError::new("invalid_json", format!("not JSON: {e}"))))?;
+        let value: Value =
+            serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_str(text))
+                .map_err(|e| {
+                    let path = e.path().to_string();
+                    let inner = e.into_inner();
+                    let field = is_number_out_of_range(&inner)
+                        .then(|| FieldError::of_deserialize(&path, &inner.to_string()))
+                        .flatten();
+                    let error = match field {
+                        Some(field) => WsError::invalid(field.message),
+                        None => WsError::new("invalid_json", format!("not JSON: {inner}")),
+                    };
+                    (None, error)
+                })?;
         let Some(object) = value.as_object() else {
             return Err((
                 None,

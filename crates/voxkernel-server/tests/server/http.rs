@@ -266,6 +266,24 @@ async fn bad_requests_get_400s_naming_the_field_and_the_valid_values() {
     assert_eq!(response.status, 400);
     assert_eq!(response.error()["code"], "invalid_json");
 
+    // Well-formed JSON whose number no f64 holds: a bad value of its field, not bad JSON.
+    let response = http(
+        server.addr,
+        "POST",
+        "/v1/audio/speech",
+        &[],
+        b"{\"input\": \"Hi.\", \"voice\": \"ryan\", \"sampling\": {\"temperature\": 1e400}}",
+    )
+    .await;
+    assert_eq!(response.status, 400);
+    let error = response.error();
+    assert_eq!(error["code"], "invalid_request", "{error}");
+    assert_eq!(error["param"], "sampling.temperature", "{error}");
+    assert!(
+        error["message"].as_str().unwrap().contains("out of range"),
+        "{error}"
+    );
+
     let huge = speech(json!({"input": "a".repeat(70_000)}));
     let response = post_json(server.addr, "/v1/audio/speech", &huge).await;
     assert_eq!(response.status, 413);

@@ -125,6 +125,16 @@ async fn malformed_messages_get_errors_and_the_connection_survives() {
 
     ws.send(Message::text("hello?")).await.unwrap();
     error(&recv_json(&mut ws).await, Value::Null, "invalid_json");
+    ws.send(Message::text(
+        r#"{"type": "speak", "context_id": "n", "text": "Hi.", "seed": 1e400}"#,
+    ))
+    .await
+    .unwrap();
+    let message = error(&recv_json(&mut ws).await, Value::Null, "invalid_request");
+    assert!(
+        message.starts_with("seed: ") && message.contains("out of range"),
+        "{message}"
+    );
     ws.send(Message::binary(vec![1, 2, 3])).await.unwrap();
     error(&recv_json(&mut ws).await, Value::Null, "invalid_request");
     send(&mut ws, json!([1, 2])).await;

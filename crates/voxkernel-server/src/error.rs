@@ -136,13 +136,13 @@ impl ApiError {
     }
 }
 
-/// serde names the Rust type a value should have had; a client wrote JSON.
 /// serde_json counts a number beyond f64 (`1e400`) as a syntax error, but the JSON is well
 /// formed: the number is a bad value of its field.
 pub fn is_number_out_of_range(error: &serde_json::Error) -> bool {
     error.is_syntax() && error.to_string().starts_with("number out of range")
 }
 
+/// serde names the Rust type a value should have had; a client wrote JSON.
 fn json_words(error: &str) -> String {
     let mut out = error.to_string();
     for (rust, json) in [

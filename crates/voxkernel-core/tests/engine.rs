@@ -638,9 +638,15 @@ fn streamed_text_of_only_invisible_characters_ends_in_an_error() {
     let model = load("tiny-custom-voice");
     let engine = engine(&model, EngineOptions::default());
     let mut first = request(&model, "\u{200B}", 5, 30);
+    first.text_mode = Some(TextMode::Streaming);
     first.text_complete = false;
     let mut session = engine.open(first).unwrap();
-    session.handle.push_text(" \u{FEFF}\u{2060}");
+    // Commits several ids (the text before the last space but one): enough for frames.
+    session
+        .handle
+        .push_text(" \u{FEFF} \u{2060} \u{200D} \u{00AD} \u{200B} \u{2060}");
+    // Time enough for a first packet, had those ids started the session.
+    std::thread::sleep(std::time::Duration::from_millis(200));
     session.handle.finish_text();
     match session.events.blocking_recv() {
         Some(SessionEvent::Error(e)) => {

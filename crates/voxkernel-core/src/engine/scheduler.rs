@@ -326,9 +326,12 @@ impl Live {
 
     /// The prompt plan, if the text allows starting: the whole text, or in streaming text mode
     /// at least the first token, with the final tts_eos held back until the text is complete.
+    /// Text with nothing to speak yet (zero-width characters) does not start a session: if
+    /// nothing speakable follows, the session ends in an error without having made a sound.
     fn plan(&self, model: &Model, limits: PlanLimits) -> Result<Option<prompt::PromptPlan>> {
         let committed = self.text.committed();
         if committed.is_empty()
+            || !has_speakable_text(self.text.text())
             || (!self.text.is_finished() && self.prompt.text_mode == TextMode::Whole)
         {
             return Ok(None);

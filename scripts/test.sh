@@ -14,9 +14,10 @@ cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-nvrtc_dir=target/nvrtc
+# The GPU machine's NVRTC version, so that the compile-and-spill test sees the registers the GPU runs get.
+nvrtc_dir=target/nvrtc-13.0.88
 if [ ! -e "$nvrtc_dir/nvidia/cu13/lib/libnvrtc.so.13" ]; then
-  python3 -m pip install --quiet --disable-pip-version-check --target "$nvrtc_dir" 'nvidia-cuda-nvrtc>=13,<14' \
+  python3 -m pip install --quiet --disable-pip-version-check --target "$nvrtc_dir" 'nvidia-cuda-nvrtc==13.0.88' \
     || echo "NOTE: could not install NVRTC from PyPI; the kernel compile test will fail"
 fi
 if [ -e "$nvrtc_dir/nvidia/cu13/lib/libnvrtc.so.13" ]; then

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # A kernel source compiled for sm_90a here, without a GPU or a CUDA toolkit: PyPI's NVRTC (the GPU
 # machine's version, 13.0.88) and cuobjdump/nvdisasm, installed once under target/cuda-tools.
-#   scripts/sass.sh FILE.cu [DEFINE=VALUE ...]    registers and spills of each function, and the
-#                                                 SASS in target/sass/<name>.sass
+#   scripts/sass.sh FILE.cu... [DEFINE=VALUE ...] registers and spills of each function, and the
+#                                                 SASS in target/sass/<name>.sass (the files in
+#                                                 order as one source, as the runtime joins them:
+#                                                 kernels/async_copy.cuh before codec.cu or
+#                                                 prefill.cu; <name> is the last file's)
 #   scripts/sass.sh --diff REV [DEFINE=VALUE ...] frame.cu at REV against the working tree, in the
 #                                                 three builds (full, SOLO, WIDE): how many SASS
 #                                                 instructions differ (0: the change is free)
@@ -55,8 +58,9 @@ open(cubin_path, "wb").write(cubin.raw)
 PY
 }
 
-# SASS instructions without their addresses and encodings
+# SASS instructions without their addresses and encodings, under each function's name
 sass() { cuobjdump -sass "$1" | grep -E '^\s+/\*[0-9a-f]+\*/|Function :' | sed 's|/\*[0-9a-f]*\*/||; s|;.*||'; }
+instructions() { grep -vc 'Function :' "$1"; }
 
 if [ "${1:-}" = --diff ]; then
   rev=$2
@@ -69,15 +73,20 @@ if [ "${1:-}" = --diff ]; then
     compile crates/voxkernel-cuda/kernels/frame.cu target/sass/new.cubin "${defines[@]}" > /dev/null
     sass target/sass/base.cubin > "target/sass/frame-$build-base.sass"
     sass target/sass/new.cubin > "target/sass/frame-$build.sass"
-    echo "$build: $(wc -l < "target/sass/frame-$build-base.sass") instructions at $rev, $(wc -l < "target/sass/frame-$build.sass") now," \
+    echo "$build: $(instructions "target/sass/frame-$build-base.sass") instructions at $rev," \
+      "$(instructions "target/sass/frame-$build.sass") now," \
       "$(diff "target/sass/frame-$build-base.sass" "target/sass/frame-$build.sass" | grep -c '^[<>]' || true) lines differ"
   done
   exit 0
 fi
 
-source=$1
-shift
-name=$(basename "$source" .cu)
-compile "$source" "target/sass/$name.cubin" "$@"
+files=()
+while [ $# -gt 0 ] && [ -f "$1" ]; do
+  files+=("$1")
+  shift
+done
+name=$(basename "${files[-1]}" .cu)
+cat "${files[@]}" > "target/sass/$name-source.cu"
+compile "target/sass/$name-source.cu" "target/sass/$name.cubin" "$@"
 sass "target/sass/$name.cubin" > "target/sass/$name.sass"
-echo "SASS: target/sass/$name.sass ($(grep -vc 'Function :' "target/sass/$name.sass") instructions)"
+echo "SASS: target/sass/$name.sass ($(instructions "target/sass/$name.sass") instructions)"
